@@ -1,0 +1,9 @@
+"""Commands of the ``jobs`` layer for the ``lolcats`` CLI."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this layer's commands to the top-level app."""
