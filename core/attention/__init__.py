@@ -1,0 +1,13 @@
+"""LoLCATs attention: feature maps, the functional hybrid form, recurrent decoding state."""
+
+from core.attention.feature_maps import FEATURE_MAPS, HedgehogFeatureMap, T2RFeatureMap, build_feature_map
+from core.attention.functional import KINDS, hybrid_attention
+
+__all__ = [
+    "FEATURE_MAPS",
+    "KINDS",
+    "HedgehogFeatureMap",
+    "T2RFeatureMap",
+    "build_feature_map",
+    "hybrid_attention",
+]

@@ -1,0 +1,142 @@
+"""Every attention kind against the naive quadratic oracle, on random inputs with left padding."""
+
+import pytest
+import torch
+
+from core.attention import build_feature_map, hybrid_attention
+from oracle import naive_hybrid_attention, naive_softmax_attention
+
+KINDS = ["linear", "sliding_window", "terraced"]
+
+
+def rel_err(a, b, mask=None):
+    a, b = a.double(), b.double()
+    if mask is not None:  # compare real query positions only
+        m = mask.bool()[:, None, :, None]
+        a, b = torch.where(m, a, 0.0), torch.where(m, b, 0.0)
+    return ((a - b).norm() / b.norm()).item()
+
+
+def make_inputs(B, H, Hkv, L, d, f, feature_map="hedgehog", seed=42, pads=None):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, L, d, generator=g)
+    k = torch.randn(B, Hkv, L, d, generator=g)
+    v = torch.randn(B, Hkv, L, d, generator=g)
+    torch.manual_seed(seed)
+    fq = build_feature_map(feature_map, H, d, f, init="random")
+    fk = build_feature_map(feature_map, H, d, f, init="random")
+    G = H // Hkv
+    with torch.no_grad():
+        qf, kf = fq(q), fk(k.repeat_interleave(G, dim=1))
+    mix = torch.randn(H, generator=g)
+    mask = torch.ones(B, L, dtype=torch.long)
+    for b, p in enumerate(pads or []):
+        mask[b, : min(p, L - 1)] = 0
+    return q, k, v, qf, kf, mix, mask
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("L", [1, 63, 64, 65, 127, 128, 300])
+def test_matches_oracle_with_left_padding(kind, L):
+    q, k, v, qf, kf, mix, mask = make_inputs(3, 4, 2, L, 16, 8, pads=[0, 5, 70])
+    y = hybrid_attention(q, k, v, qf, kf, mix, kind, window_size=64, attention_mask=mask)
+    ref = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 64, mask)
+    assert torch.isfinite(y).all()
+    assert rel_err(y, ref, mask) <= 1e-5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("window", [1, 5, 16])
+def test_other_windows_t2r_and_no_mask(kind, window):
+    q, k, v, qf, kf, mix, _ = make_inputs(2, 6, 3, 50, 8, 12, feature_map="t2r", seed=1)
+    y = hybrid_attention(q, k, v, qf, kf, mix, kind, window_size=window)
+    ref = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, window)
+    assert rel_err(y, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padding_in_the_middle_and_right(kind):
+    q, k, v, qf, kf, mix, _ = make_inputs(2, 2, 1, 90, 8, 8, seed=3)
+    mask = torch.ones(2, 90, dtype=torch.long)
+    mask[0, 30:34] = 0
+    mask[1, 70:] = 0
+    y = hybrid_attention(q, k, v, qf, kf, mix, kind, window_size=16, attention_mask=mask)
+    ref = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 16, mask)
+    assert rel_err(y, ref, mask) <= 1e-5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_causal(kind):
+    """Changing tokens after position n leaves outputs up to n unchanged."""
+    q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 150, 16, 8, pads=[0, 9])
+    y = hybrid_attention(q, k, v, qf, kf, mix, kind, 32, mask)
+    n = 77
+    q2, k2, v2, qf2, kf2 = (t.clone() for t in (q, k, v, qf, kf))
+    for t in (q2, k2, v2, qf2, kf2):
+        t[:, :, n + 1 :] = torch.rand_like(t[:, :, n + 1 :]) * 3
+    y2 = hybrid_attention(q2, k2, v2, qf2, kf2, mix, kind, 32, mask)
+    assert rel_err(y2[:, :, : n + 1], y[:, :, : n + 1], mask[:, : n + 1]) <= 1e-6
+    assert not torch.allclose(y[:, :, n + 1 :], y2[:, :, n + 1 :])
+
+
+@pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
+def test_padded_row_equals_row_alone(kind):
+    q, k, v, qf, kf, mix, _ = make_inputs(1, 4, 2, 100, 16, 8, seed=7)
+    pad = 37
+    padded = [torch.cat([torch.randn(1, t.shape[1], pad, t.shape[3]).abs(), t], dim=2) for t in (q, k, v, qf, kf)]
+    mask = torch.cat([torch.zeros(1, pad), torch.ones(1, 100)], dim=1).long()
+    alone = hybrid_attention(q, k, v, qf, kf, mix, kind, 32)
+    y = hybrid_attention(*padded, mix, kind, 32, mask)
+    assert rel_err(y[:, :, pad:], alone) <= 1e-6
+
+
+def test_window_covering_sequence_is_softmax():
+    """With history empty (sliding window longer than the input) the hybrid is softmax attention."""
+    q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 40, 16, 8, pads=[0, 11])
+    y = hybrid_attention(q, k, v, qf, kf, mix, "sliding_window", 64, mask)
+    ref = naive_softmax_attention(q, k, v, mask)
+    assert rel_err(y, ref, mask) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_accumulates_in_float32(dtype):
+    q, k, v, qf, kf, mix, mask = make_inputs(1, 2, 1, 200, 16, 8, pads=[3])
+    y = hybrid_attention(q.to(dtype), k.to(dtype), v.to(dtype), qf.to(dtype), kf.to(dtype), mix, "terraced", 64, mask)
+    assert y.dtype == dtype
+    ref = naive_hybrid_attention(q.to(dtype), k.to(dtype), v.to(dtype), qf.to(dtype), kf.to(dtype), mix, "terraced", 64, mask)
+    assert rel_err(y, ref, mask) <= 2e-2
+
+
+def test_gradients_match_oracle():
+    q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 70, 8, 8, pads=[0, 4])
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, qf, kf, mix)]
+    y = hybrid_attention(*leaves[:5], leaves[5], "terraced", 16, mask)
+    w = torch.randn_like(y) * mask[:, None, :, None]
+    (y * w).sum().backward()
+    grads = [t.grad.clone() for t in leaves]
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v, qf, kf, mix)]
+    ref = naive_hybrid_attention(*leaves64[:5], leaves64[5], "terraced", 16, mask)
+    (ref * w.double()).sum().backward()
+    for name, g1, t in zip("q k v q_feat k_feat mix".split(), grads, leaves64):
+        assert rel_err(g1, t.grad) <= 1e-5, name
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(kind="softmax"), "unknown attention kind 'softmax'"),
+        (dict(kind="linear", window_size=0), "window_size must be >= 1, got 0"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    q, k, v, qf, kf, mix, _ = make_inputs(1, 2, 1, 8, 4, 4)
+    with pytest.raises(ValueError, match=message):
+        hybrid_attention(q, k, v, qf, kf, mix, **kwargs)
+
+
+def test_shape_errors_name_the_shapes():
+    q, k, v, qf, kf, mix, _ = make_inputs(1, 4, 2, 8, 4, 4)
+    with pytest.raises(ValueError, match=r"multiple of key/value heads"):
+        hybrid_attention(q[:, :3], k, v, qf[:, :3], kf[:, :3], mix[:3], "linear")
+    with pytest.raises(ValueError, match=r"mix must have shape \[H\] = \[4\]"):
+        hybrid_attention(q, k, v, qf, kf, mix[:2], "linear")
