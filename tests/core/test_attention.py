@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from core.attention import build_feature_map, hybrid_attention
-from oracle import naive_hybrid_attention, naive_softmax_attention
+from tests.oracle import naive_hybrid_attention, naive_softmax_attention
 
 KINDS = ["linear", "sliding_window", "terraced"]
 

@@ -1,0 +1,174 @@
+"""The converted attention module that replaces a Hugging Face decoder's ``self_attn``.
+
+It reuses the pretrained (frozen) q/k/v/o projections (and q/k norms where the architecture has
+them), applies RoPE exactly as the original layer does, and replaces softmax attention with
+LoLCATs attention (see :func:`core.attention.hybrid_attention`):
+
+    y_n = (sum_{j in W(n)} g_h exp(q_n.k_j/sqrt(d) - c_n) v_j + phi_q(q_n)^T sum_{j in Hist(n)} phi_k(k_j) v_j^T)
+          / (sum_{j in W(n)} g_h exp(q_n.k_j/sqrt(d) - c_n)  + phi_q(q_n)^T sum_{j in Hist(n)} phi_k(k_j))
+
+Modes (``module.mode``):
+  * ``"student"``: LoLCATs attention (the converted model);
+  * ``"teacher"``: the original softmax attention through the model's attention interface;
+  * ``"distill"``: stage-1 teacher forcing: computes both from the same q, k, v, stores the
+    pair in ``module.distill_outputs`` (head outputs before o_proj, ``[B, H, L, d]``) and
+    returns the teacher's output so the next layer sees teacher hidden states.
+
+Notation: B batch, L new tokens, H query heads, H_kv key/value heads, d head dim, F features.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward, repeat_kv
+
+from core.attention.feature_maps import build_feature_map
+from core.attention.functional import hybrid_attention
+from core.attention.recurrent import decode_step, prefill_state
+from core.cache import hybrid_cache_layer
+
+MODES = ("student", "teacher", "distill")
+
+
+class PaddingMask:
+    """The 2-D padding mask of the forward call in progress, shared by a model's converted layers.
+
+    Transformers turns the ``[B, past + L]`` mask into a 4-D softmax mask before the layers run;
+    LoLCATs layers need the 2-D one, so a pre-hook on the decoder stores it here."""
+
+    def __init__(self):
+        self.mask: torch.Tensor | None = None
+
+    def hook(self, module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        self.mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+
+    def clear(self, module, args, kwargs, output):
+        self.mask = None
+
+    def current(self, length: int) -> torch.Tensor | None:
+        """Mask of the last ``length`` tokens ([B, length] bool) or None when there is no padding."""
+        if self.mask is None or self.mask.shape[1] < length:
+            return None
+        return self.mask[:, -length:].bool()
+
+
+class LolcatsAttention(nn.Module):
+    def __init__(
+        self,
+        base: nn.Module,
+        *,
+        kind: str,
+        feature_map: str,
+        feature_dim: int,
+        window_size: int,
+        init_mix: float,
+        feature_init: str,
+        num_heads: int,
+        num_kv_heads: int,
+        padding: PaddingMask,
+    ):
+        super().__init__()
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
+            if hasattr(base, name):
+                setattr(self, name, getattr(base, name))  # the pretrained modules, same parameter names
+        self.config = base.config
+        self.layer_idx = base.layer_idx
+        self.head_dim = base.head_dim
+        self.scaling = base.scaling
+        self.sliding_window = getattr(base, "sliding_window", None)  # the teacher's own window, if any
+        self.num_key_value_groups = num_heads // num_kv_heads
+        self.attention_dropout = 0.0
+        self.is_causal = True
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.kind, self.window_size = kind, window_size
+        device = base.q_proj.weight.device
+        self.feature_map_q = build_feature_map(feature_map, num_heads, self.head_dim, feature_dim, feature_init).to(device)
+        self.feature_map_k = build_feature_map(feature_map, num_heads, self.head_dim, feature_dim, feature_init).to(device)
+        self.mix = nn.Parameter(torch.full((num_heads,), math.log(init_mix / (1 - init_mix)), device=device))
+        self.padding = padding
+        self.mode = "student"
+        self.distill_outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, window_size={self.window_size}, heads={self.num_heads}/{self.num_kv_heads}"
+
+    def project(self, hidden_states, position_embeddings):
+        """q [B, H, L, d], k and v [B, H_kv, L, d], after the optional q/k norms and RoPE."""
+        B, L, _ = hidden_states.shape
+        q = self.q_proj(hidden_states).view(B, L, -1, self.head_dim)
+        k = self.k_proj(hidden_states).view(B, L, -1, self.head_dim)
+        v = self.v_proj(hidden_states).view(B, L, -1, self.head_dim).transpose(1, 2)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = position_embeddings
+        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return q, k, v
+
+    def features(self, q, k):
+        """phi_q(q), phi_k(k) per query head: [B, H, L, F] each (keys repeated for the map only)."""
+        return self.feature_map_q(q), self.feature_map_k(repeat_kv(k, self.num_key_value_groups))
+
+    def student(self, q, k, v, mask, past_key_values):
+        """LoLCATs attention for the new tokens, reading and updating the recurrent state."""
+        qf, kf = self.features(q, k)
+        layer = hybrid_cache_layer(past_key_values, self.layer_idx) if past_key_values is not None else None
+        if layer is None or layer.state is None:
+            y = hybrid_attention(q, k, v, qf, kf, self.mix, self.kind, self.window_size, mask, self.scaling)
+            if layer is not None:
+                B, L = q.shape[0], q.shape[2]
+                m = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
+                layer.state = prefill_state(self.kind, self.window_size, k, v, kf, m)
+                layer.is_initialized = True
+            return y
+        # state present: one token at a time (decoding; multi-token chunks are rare)
+        outs = []
+        B, L = q.shape[0], q.shape[2]
+        valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
+        key_features = lambda keys: self.feature_map_k(repeat_kv(keys, self.num_key_value_groups))
+        for t in range(L):
+            y, layer.state = decode_step(
+                layer.state, self.kind, self.window_size, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1],
+                qf[:, :, t : t + 1], self.mix, valid[:, t], key_features, self.scaling,
+            )
+            outs.append(y)
+        return torch.cat(outs, dim=2)
+
+    def teacher(self, q, k, v, attention_mask, **kwargs):
+        """The original softmax attention, [B, H, L, d] (no cache: used for prefill-size inputs)."""
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        out, _ = interface(
+            self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, sliding_window=self.sliding_window, **kwargs
+        )
+        return out.transpose(1, 2)  # interfaces return [B, L, H, d]
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        padding_mask: torch.Tensor | None = None,
+        **kwargs,
+    ):
+        B, L, _ = hidden_states.shape
+        q, k, v = self.project(hidden_states, position_embeddings)
+        mask = padding_mask.bool() if padding_mask is not None else self.padding.current(L)
+        kwargs.pop("position_ids", None)
+        kwargs.pop("use_cache", None)
+        if self.mode == "student":
+            y = self.student(q, k, v, mask, past_key_values)
+        elif self.mode == "teacher":
+            if past_key_values is not None:
+                raise RuntimeError("teacher mode runs without a cache; call the model with use_cache=False")
+            y = self.teacher(q, k, v, attention_mask, **kwargs)
+        elif self.mode == "distill":
+            y = self.teacher(q, k, v, attention_mask, **kwargs)
+            self.distill_outputs = (self.student(q, k, v, mask, None), y)
+        else:
+            raise ValueError(f"unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}")
+        return self.o_proj(y.transpose(1, 2).reshape(B, L, -1)), None

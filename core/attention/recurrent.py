@@ -1,0 +1,137 @@
+"""Recurrent (token-by-token) form of LoLCATs attention and the state prefill leaves behind.
+
+State of one layer, for a batch of B rows:
+  * ``S [B, H, F, d]``, ``z [B, H, F]`` (float32): sum of phi_k(k_j) v_j^T and phi_k(k_j) over the
+    keys that left the window (per query head: feature maps are per query head);
+  * a window cache of raw (RoPE'd) keys and values stored per KV head ``[B, H_kv, K, d]`` with
+    each entry's position ``[B, K]`` and validity ``[B, K]`` (padding, already folded);
+  * ``first [B]``: sequence index of each row's first real token (-1 while it has none), and
+    ``seen``: tokens processed so far. Positions count from the first real token, as in the
+    parallel form.
+
+Invariant after a token at position p: the state holds exactly the real keys with position
+< lb(p) and the window cache the real keys with position >= lb(p), where
+lb(p) = p + 1 (linear), p - w + 1 (sliding window), w * (floor(p / w) - 1) (terraced).
+So prefill (parallel form + :func:`prefill_state`) and token-by-token decoding
+(:func:`decode_step`) build the same state and give the same outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+KeyFeatures = Callable[[torch.Tensor], torch.Tensor]  # raw keys [B, H_kv, K, d] -> [B, H, K, F]
+
+
+def window_capacity(kind: str, w: int) -> int:
+    """Window-cache columns kept between steps."""
+    return {"linear": 0, "sliding_window": w, "terraced": 2 * w}[kind]
+
+
+def lower_bound(kind: str, w: int, pos: torch.Tensor) -> torch.Tensor:
+    """First position still inside the window of a query at ``pos``."""
+    if kind == "linear":
+        return pos + 1
+    if kind == "sliding_window":
+        return pos - w + 1
+    return w * (torch.div(pos, w, rounding_mode="floor") - 1)
+
+
+@dataclass
+class HybridState:
+    S: torch.Tensor  # [B, H, F, d] float32
+    z: torch.Tensor  # [B, H, F] float32
+    win_k: torch.Tensor  # [B, H_kv, K, d]
+    win_v: torch.Tensor  # [B, H_kv, K, d]
+    win_pos: torch.Tensor  # [B, K] long
+    win_valid: torch.Tensor  # [B, K] bool
+    first: torch.Tensor  # [B] long, -1 = no real token yet
+    seen: int
+
+    def select(self, index: torch.Tensor) -> "HybridState":
+        """Rows ``index`` of the batch (beam reorder, batch selection, repeat)."""
+        return HybridState(
+            self.S[index], self.z[index], self.win_k[index], self.win_v[index],
+            self.win_pos[index], self.win_valid[index], self.first[index], self.seen,
+        )
+
+
+def _fold(S, z, k_feat, v, weight):
+    """Add weight_j * phi_k(k_j) v_j^T to S and weight_j * phi_k(k_j) to z.
+
+    k_feat [B, H, K, F], v [B, H_kv, K, d], weight [B, K] (0/1)."""
+    B, H, K, Fd = k_feat.shape
+    Hkv = v.shape[1]
+    kf = (k_feat.float() * weight[:, None, :, None]).view(B, Hkv, H // Hkv, K, Fd)
+    S = S + torch.einsum("bhgkf,bhkd->bhgfd", kf, v.float()).reshape(S.shape)
+    z = z + kf.sum(-2).reshape(z.shape)
+    return S, z
+
+
+def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
+    """The state after a parallel forward over a whole prompt (empty state before).
+
+    k, v: [B, H_kv, L, d]; k_feat: [B, H, L, F]; mask: [B, L] bool (1 = token)."""
+    B, Hkv, L, d = k.shape
+    H, Fd = k_feat.shape[1], k_feat.shape[-1]
+    idx = torch.arange(L, device=k.device)
+    has = mask.any(-1)
+    first = torch.where(has, (mask.long().cumsum(-1) == 0).sum(-1), torch.full_like(has, -1, dtype=torch.long))
+    pos = idx[None, :] - first[:, None]  # [B, L]
+    lb = lower_bound(kind, w, (L - 1) - first)  # [B]
+    fold = mask & (pos < lb[:, None])
+    S = torch.zeros(B, H, Fd, d, device=k.device, dtype=torch.float32)
+    z = torch.zeros(B, H, Fd, device=k.device, dtype=torch.float32)
+    S, z = _fold(S, z, k_feat, v, fold.float())
+    K = min(window_capacity(kind, w), L)
+    keep = slice(L - K, L)
+    return HybridState(
+        S, z, k[:, :, keep], v[:, :, keep], pos[:, keep], (mask & ~fold)[:, keep], first, L
+    )
+
+
+def decode_step(state: HybridState, kind, w, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale):
+    """Process one token for every row; returns y [B, H, 1, d] and the new state.
+
+    q [B, H, 1, d], k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], valid [B] bool."""
+    B, H, _, d = q.shape
+    Hkv = k.shape[1]
+    G = H // Hkv
+    n = state.seen
+    first = torch.where((state.first < 0) & valid, torch.full_like(state.first, n), state.first)
+    pos = torch.where(first >= 0, n - first, torch.full_like(first, -1))
+    win_k = torch.cat([state.win_k, k], dim=2)
+    win_v = torch.cat([state.win_v, v], dim=2)
+    win_pos = torch.cat([state.win_pos, pos[:, None]], dim=1)
+    win_valid = torch.cat([state.win_valid, valid[:, None]], dim=1)
+
+    # fold the keys that leave the window into (S, z)
+    fold = win_valid & (win_pos < lower_bound(kind, w, pos)[:, None])
+    S, z = state.S, state.z
+    cols = fold.any(0).nonzero().flatten()
+    if cols.numel():
+        S, z = _fold(S, z, key_features(win_k[:, :, cols]), win_v[:, :, cols], fold[:, cols].float())
+    win_valid = win_valid & ~fold
+    # keep the last K columns; older ones were folded above (their position is below lb)
+    start = max(win_pos.shape[1] - window_capacity(kind, w), 0)
+    win_k, win_v = win_k[:, :, start:], win_v[:, :, start:]
+    win_pos, win_valid = win_pos[:, start:], win_valid[:, start:]
+
+    qf = q_feat.float()[:, :, 0]  # [B, H, F]
+    num = torch.einsum("bhf,bhfd->bhd", qf, S)
+    den = torch.einsum("bhf,bhf->bh", qf, z)
+    if kind != "linear":
+        qg = q.float()[:, :, 0].view(B, Hkv, G, d)
+        s = torch.einsum("bhgd,bhkd->bhgk", qg, win_k.float()) * scale
+        s = s.masked_fill(~win_valid[:, None, None, :], float("-inf"))
+        c = s.amax(-1, keepdim=True)
+        c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
+        p = torch.exp(s - c) * torch.sigmoid(mix.float()).view(1, Hkv, G, 1)
+        num = num + torch.einsum("bhgk,bhkd->bhgd", p, win_v.float()).reshape(B, H, d)
+        den = den + p.sum(-1).reshape(B, H)
+    y = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
+    new_state = HybridState(S, z, win_k, win_v, win_pos, win_valid, first, n + 1)
+    return y[:, :, None].to(q.dtype), new_state

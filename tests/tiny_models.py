@@ -1,0 +1,34 @@
+"""Tiny randomly initialised decoders of each supported architecture, built in the tests."""
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+COMMON = dict(
+    vocab_size=101,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    tie_word_embeddings=False,
+)
+
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**COMMON, head_dim=16),
+    "mistral": lambda: MistralConfig(**COMMON, head_dim=16, sliding_window=None),
+    "qwen2": lambda: Qwen2Config(**COMMON),
+    "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16),
+}
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, **overrides):
+    config = CONFIGS[arch]()
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    return model.float().eval()
