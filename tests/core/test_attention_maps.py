@@ -1,0 +1,42 @@
+import torch
+
+import core
+from core.attention_maps import attention_maps
+from tests.core.test_linearize import converted
+from tests.tiny_models import tiny_model
+
+
+@torch.no_grad()
+def test_student_map_reproduces_layer_output_and_rows_sum_to_one():
+    model = converted("qwen3", "terraced", window=8, softmax_layers=(2,))
+    ids = torch.randint(3, 100, (40,), generator=torch.Generator().manual_seed(0))
+    maps = attention_maps(model, ids, layer_idx=1)
+    H, L = 4, 40
+    assert maps.converted and maps.teacher.shape == maps.student.shape == (H, L, L)
+    for m in (maps.teacher, maps.student):
+        assert torch.allclose(m.sum(-1), torch.ones(H, L), atol=1e-5)
+        assert torch.all(m.triu(1) == 0)  # causal
+    # student weights applied to v give the layer's hybrid attention output
+    attn = core.lolcats_modules(model)[1]
+    captured = {}
+    h = attn.register_forward_pre_hook(lambda mod, a, kw: captured.update(kw), with_kwargs=True)
+    model(input_ids=ids[None])
+    h.remove()
+    q, k, v = attn.project(captured["hidden_states"], captured["position_embeddings"])
+    qf, kf = attn.features(q, k)
+    y = core.hybrid_attention(q, k, v, qf, kf, attn.mix, "terraced", 8, scale=attn.scaling)
+    y_map = maps.student[None] @ v.repeat_interleave(2, dim=1)
+    assert ((y - y_map).norm() / y.norm()).item() < 1e-5
+    assert maps.difference.max() > 0
+
+
+@torch.no_grad()
+def test_softmax_layer_maps_match_original_model_attention():
+    model = converted("llama", "sliding_window", window=8, softmax_layers=(0, 1, 2))  # hidden states as original
+    ids = torch.randint(3, 100, (12,), generator=torch.Generator().manual_seed(1))
+    maps = attention_maps(model, ids, layer_idx=2)
+    assert not maps.converted and torch.equal(maps.teacher, maps.student)
+    original = tiny_model("llama", seed=0)
+    original.config._attn_implementation = "eager"
+    ref = original(input_ids=ids[None], output_attentions=True).attentions[2][0]
+    assert torch.allclose(maps.teacher, ref, atol=1e-5)
