@@ -92,7 +92,9 @@ class LolcatsAttention(nn.Module):
         self.mix = nn.Parameter(torch.full((num_heads,), math.log(init_mix / (1 - init_mix)), device=device))
         self.padding = padding
         self.mode = "student"
-        self.distill_outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.distill_outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (student, teacher)
+        self.keep_qk = False
+        self.distill_qk: tuple[torch.Tensor, ...] | None = None
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, window_size={self.window_size}, heads={self.num_heads}/{self.num_kv_heads}"
@@ -167,8 +169,11 @@ class LolcatsAttention(nn.Module):
                 raise RuntimeError("teacher mode runs without a cache; call the model with use_cache=False")
             y = self.teacher(q, k, v, attention_mask, **kwargs)
         elif self.mode == "distill":
-            y = self.teacher(q, k, v, attention_mask, **kwargs)
+            with torch.no_grad():
+                y = self.teacher(q, k, v, attention_mask, **kwargs)
             self.distill_outputs = (self.student(q, k, v, mask, None), y)
+            if self.keep_qk:  # for the attention-map cross-entropy
+                self.distill_qk = (q, k, *self.features(q, k))
         else:
             raise ValueError(f"unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}")
         return self.o_proj(y.transpose(1, 2).reshape(B, L, -1)), None

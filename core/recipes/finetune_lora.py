@@ -1,0 +1,60 @@
+"""Stage 2, LoRA: next-token cross-entropy through the converted model, prompt tokens masked.
+
+Feature maps and base weights are frozen; peft LoRA adapters on the target projections train.
+The student supplies every hidden state. Validation reports loss and perplexity exp(loss).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from core.config import Stage2Spec
+from core.linearize import set_mode
+from core.lora import add_lora, base_model
+from core.progress import ProgressCallback
+from core.recipes.loop import Batch, LoopSpec, load_best, run_loop
+
+
+def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Mean next-token cross-entropy over label tokens (labels -100 are ignored)."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"], use_cache=False)
+    return out.loss
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, blocks: Batch, n_blocks: int) -> float:
+    device = next(model.parameters()).device
+    n = min(n_blocks, blocks["input_ids"].shape[0])
+    losses = [lm_loss(model, {k: v[i : i + 1].to(device) for k, v in blocks.items()}).item() for i in range(n)]
+    return sum(losses) / len(losses)
+
+
+def wrap_for_stage2(model: nn.Module, spec: Stage2Spec) -> nn.Module:
+    set_mode(base_model(model), "student")
+    return add_lora(model, spec.rank, spec.alpha, spec.dropout, spec.target_modules, spec.train_feature_maps)
+
+
+def train_stage2(
+    model: nn.Module, spec: Stage2Spec, train: Batch, val: Batch, run_dir: Path, progress: ProgressCallback,
+    seed: int, config: dict,
+) -> dict:
+    """LoRA fine-tuning of a model already wrapped by :func:`wrap_for_stage2`; loads the best adapters."""
+
+    def loss_fn(batch):
+        return lm_loss(model, batch), {}
+
+    def eval_fn():
+        val_loss = validation_loss(model, val, spec.eval_blocks)
+        return val_loss, {"val_ppl": math.exp(min(val_loss, 50.0))}, None
+
+    loop = LoopSpec(
+        stage="stage2", steps=spec.steps, lr=spec.lr, weight_decay=spec.weight_decay, batch_size=spec.batch_size,
+        grad_accum=spec.grad_accum, eval_every=spec.eval_every, seed=seed, plateau_patience=10 ** 9,
+    )
+    result = run_loop(loop, model, train, loss_fn, eval_fn, run_dir, progress, config)
+    load_best(model, run_dir, "stage2")
+    return result

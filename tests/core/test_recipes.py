@@ -1,0 +1,128 @@
+"""Stage 1 and stage 2 on a tiny random model: they learn, checkpoint, resume and fail clearly."""
+
+import math
+
+import pytest
+import torch
+
+import core
+from core.checkpoint import CheckpointError, load_checkpoint
+from core.config import Stage1Spec, Stage2Spec
+from core.progress import RecordingProgress, StopRequested
+from core.recipes.distill_attention import evaluate_layers, train_stage1
+from core.recipes.finetune_lora import train_stage2, validation_loss, wrap_for_stage2
+from core.recipes.loop import NonFiniteLossError
+from tests.tiny_models import tiny_model
+
+
+def blocks(n, L=48, seed=0):
+    """Token blocks with structure (repeated motifs) so there is something to learn."""
+    motifs = torch.randint(3, 100, (6, 8), generator=torch.Generator().manual_seed(0))  # shared by all splits
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([motifs[torch.randint(0, 6, (L // 8,), generator=g)].flatten() for _ in range(n)])
+    labels = ids.clone()
+    labels[:, :5] = -100  # a masked "prompt"
+    return {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+
+
+def student(kind="terraced", seed=0):
+    model = tiny_model("llama", seed=seed)
+    torch.manual_seed(seed)
+    return core.linearize(model, core.LinearizeConfig(attention=kind, window_size=8, feature_dim=8))
+
+
+S1 = dict(steps=12, lr=5e-2, grad_accum=2, eval_every=4, eval_blocks=4, mse_factor=1000.0)
+
+
+def test_stage1_lowers_per_layer_mse(tmp_path):
+    model = student()
+    train, val = blocks(16), blocks(4, seed=1)
+    spec = Stage1Spec(**S1)
+    _, before = evaluate_layers(model, val, 4, spec)
+    progress = RecordingProgress()
+    train_stage1(model, spec, train, val, tmp_path, progress, seed=0, config={})
+    _, after = evaluate_layers(model, val, 4, spec)
+    assert set(before) == set(after) == {0, 1, 2}
+    assert all(after[i] < 0.7 * before[i] for i in before), (before, after)
+    val_steps = [s for s in progress.steps if "val_loss" in s[3]]
+    assert [s[1] for s in val_steps] == [4, 8, 12] and all(len(s[4]) == 3 for s in val_steps)
+    tensors, state = load_checkpoint(tmp_path / "stage1" / "best")
+    assert all("feature_map" in n or n.endswith(".mix") for n in tensors) and state["stage"] == "stage1"
+
+
+def test_stage1_xent_term_trains(tmp_path):
+    model = student("sliding_window")
+    spec = Stage1Spec(**{**S1, "steps": 3, "xent_factor": 1.0, "eval_every": 3})
+    train_stage1(model, spec, blocks(4), blocks(2, seed=1), tmp_path, RecordingProgress(), seed=0, config={})
+    assert (tmp_path / "stage1" / "best" / "tensors.safetensors").is_file()
+
+
+def test_stage2_lowers_lm_loss(tmp_path):
+    model = student()
+    train, val = blocks(16), blocks(4, seed=1)
+    spec = Stage2Spec(steps=15, lr=3e-2, grad_accum=2, eval_every=5, eval_blocks=4)
+    model = wrap_for_stage2(model, spec)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    before = validation_loss(model, val, 4)
+    train_stage2(model, spec, train, val, tmp_path, RecordingProgress(), seed=0, config={})
+    after = validation_loss(model, val, 4)
+    assert after < before - 0.1, (before, after)
+
+
+@pytest.mark.parametrize("stage", ["stage1", "stage2"])
+def test_resume_gives_the_same_next_losses(tmp_path, stage):
+    train, val = blocks(8), blocks(2, seed=1)
+
+    def run(folder, stop_after=None):
+        model = student(seed=3)
+        progress = RecordingProgress(stop_after=stop_after)
+        if stage == "stage1":
+            spec = Stage1Spec(**{**S1, "steps": 8})
+            fn = train_stage1
+        else:
+            spec = Stage2Spec(steps=8, lr=3e-3, grad_accum=2, eval_every=4, eval_blocks=2)
+            model = wrap_for_stage2(model, spec)
+            fn = train_stage2
+        fn(model, spec, train, val, folder, progress, seed=0, config={})
+        return [s[3]["loss"] for s in progress.steps if "loss" in s[3]]
+
+    full = run(tmp_path / "full")
+    with pytest.raises(StopRequested):
+        run(tmp_path / "cut", stop_after=6)  # 5 train steps + 1 validation report, then a stop request
+    torch.manual_seed(12345)  # a different global RNG state must not matter
+    resumed = run(tmp_path / "cut")
+    assert len(full) == 8 and len(resumed) == 3
+    assert resumed == pytest.approx(full[5:], rel=1e-6)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    model = student()
+    train, val = blocks(8), blocks(2, seed=1)
+    spec = Stage1Spec(**{**S1, "steps": 6, "eval_every": 2})
+    calls = {"n": 0}
+    module = core.lolcats_modules(model)[1]
+    original = module.feature_map_k.forward
+
+    def poisoned(x):
+        calls["n"] += 1
+        out = original(x)
+        return out * float("nan") if calls["n"] > 9 else out  # after a few good steps
+
+    module.feature_map_k.forward = poisoned
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss \(nan\) at step \d+.*last good checkpoint is kept"):
+        train_stage1(model, spec, train, val, tmp_path, RecordingProgress(), seed=0, config={})
+    tensors, state = load_checkpoint(tmp_path / "stage1" / "last")
+    assert state["step"] >= 2 and all(torch.isfinite(t).all() for t in tensors.values())
+
+
+def test_corrupted_checkpoint_is_named(tmp_path):
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "tensors.safetensors").write_bytes(b"\x00" * 20)
+    (tmp_path / "ck" / "state.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="corrupted"):
+        load_checkpoint(tmp_path / "ck")
+    pickle = tmp_path / "model.bin"
+    pickle.write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="pickle"):
+        load_checkpoint(pickle)
