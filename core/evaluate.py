@@ -1,0 +1,137 @@
+"""Evaluation: held-out perplexity, per-layer attention MSE, passkey retrieval, generation samples.
+
+Teacher numbers come from the same model object in teacher mode (converted layers compute the
+original softmax attention, LoRA adapters disabled), so no second copy of the weights is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.config import EvalSpec, Stage1Spec
+from core.linearize import decoder_layers, lolcats_modules, set_mode
+from core.lora import base_model
+from core.progress import NullProgress, ProgressCallback
+from core.recipes.distill_attention import evaluate_layers
+
+Batch = dict[str, torch.Tensor]
+
+
+@contextlib.contextmanager
+def teacher_context(model: nn.Module):
+    """Inside the block the model computes the original softmax attention and no LoRA."""
+    inner = base_model(model)
+    set_mode(inner, "teacher")
+    adapters = model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()
+    try:
+        with adapters:
+            yield model
+    finally:
+        set_mode(inner, "student")
+
+
+@torch.no_grad()
+def perplexity(model: nn.Module, blocks: Batch, n_blocks: int | None = None, progress: ProgressCallback | None = None,
+               stage: str = "eval") -> float:
+    """exp(mean next-token NLL) over the label tokens of the first ``n_blocks`` blocks."""
+    progress = progress or NullProgress()
+    device = next(model.parameters()).device
+    n = blocks["input_ids"].shape[0] if n_blocks is None else min(n_blocks, blocks["input_ids"].shape[0])
+    if n == 0:
+        raise ValueError("no evaluation blocks: the held-out text is shorter than one seq_len block")
+    total, count = 0.0, 0
+    for i in range(n):
+        ids = blocks["input_ids"][i : i + 1].to(device)
+        labels = blocks.get("labels", blocks["input_ids"])[i : i + 1].to(device)
+        mask = blocks.get("attention_mask")
+        logits = model(input_ids=ids, attention_mask=None if mask is None else mask[i : i + 1].to(device),
+                       use_cache=False).logits
+        shift_logits, shift_labels = logits[:, :-1].float(), labels[:, 1:]
+        nll = F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1),
+                              ignore_index=-100, reduction="sum")
+        total += nll.item()
+        count += int((shift_labels != -100).sum())
+        progress.on_step(stage, i + 1, n, {"nll": total / max(count, 1)})
+    return math.exp(total / max(count, 1))
+
+
+@torch.no_grad()
+def per_layer_mse(model: nn.Module, blocks: Batch, n_blocks: int) -> list[float]:
+    """Attention-output MSE (student vs teacher, same layer input) for every layer; 0 for softmax layers."""
+    inner = base_model(model)
+    n_layers = len(decoder_layers(inner))
+    if not lolcats_modules(inner):
+        return [0.0] * n_layers
+    _, per_layer = evaluate_layers(inner, blocks, n_blocks, Stage1Spec())
+    return [float(per_layer.get(i, 0.0)) for i in range(n_layers)]
+
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+QUESTION = "What is the pass key? The pass key is"
+
+
+def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> str:
+    """About ``length`` tokens of filler with the needle at fraction ``depth`` (appendix protocol)."""
+    needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
+    header = "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it. "
+    per_filler = max(len(tokenizer(FILLER, add_special_tokens=False)["input_ids"]), 1)
+    budget = length - len(tokenizer(header + needle + QUESTION, add_special_tokens=False)["input_ids"])
+    n_fill = max(budget // per_filler, 0)
+    before = int(round(n_fill * depth))
+    return header + FILLER * before + needle + FILLER * (n_fill - before) + QUESTION
+
+
+@dataclass
+class PasskeyResult:
+    length: int
+    depth: float
+    accuracy: float
+
+
+@torch.no_grad()
+def generate_text(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    device = next(model.parameters()).device
+    enc = tokenizer(prompt, return_tensors="pt").to(device)
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                         pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    return tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def passkey(model: nn.Module, tokenizer, spec: EvalSpec, seed: int = 0) -> list[PasskeyResult]:
+    rng = random.Random(seed)
+    results = []
+    for length in spec.passkey_lengths:
+        for depth in spec.passkey_depths:
+            hits = 0
+            for _ in range(spec.passkey_trials):
+                key = rng.randint(10000, 99999)
+                answer = generate_text(model, tokenizer, passkey_prompt(tokenizer, length, depth, key), 8)
+                hits += str(key) in answer
+            results.append(PasskeyResult(length, depth, hits / max(spec.passkey_trials, 1)))
+    return results
+
+
+def chat_prompt(tokenizer, message: str) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                             add_generation_prompt=True)
+    return message
+
+
+def samples(model: nn.Module, tokenizer, prompts: list[str], max_new_tokens: int) -> list[dict]:
+    """Greedy answers of teacher and student to the same prompts."""
+    out = []
+    for prompt in prompts:
+        text = chat_prompt(tokenizer, prompt)
+        with teacher_context(model):
+            teacher = generate_text(model, tokenizer, text, max_new_tokens)
+        student = generate_text(model, tokenizer, text, max_new_tokens)
+        out.append({"prompt": prompt, "teacher": teacher, "student": student})
+    return out

@@ -1,0 +1,77 @@
+"""Loading converted models back: from a run folder or from an exported standalone folder.
+
+* Run folder (written by :func:`core.convert.run_convert`): base model -> convert -> stage-1 best
+  tensors -> LoRA wrap -> stage-2 best tensors.
+* Export (:func:`export`): LoRA merged into the base weights, saved with ``save_pretrained``
+  (feature maps and mixing factors included in the safetensors) plus ``lolcats.json`` holding
+  the conversion config. Loading rebuilds the architecture and reads every tensor back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from safetensors.torch import load_file
+from torch import nn
+
+from core.checkpoint import CheckpointError, load_trainable, refuse_pickle
+from core.config import ConvertConfig
+from core.linearize import LinearizeConfig, linearize
+from core.lora import merge_lora
+from core.models import load_model, resolve_device
+from core.recipes.finetune_lora import wrap_for_stage2
+from core.recipes.loop import load_best
+
+EXPORT_CONFIG = "lolcats.json"
+
+
+def load_converted(path: str | os.PathLike, device: str = "auto", workspace=None) -> tuple[nn.Module, object, dict]:
+    """Rebuild the converted model in one call; returns ``(model, tokenizer, info)``."""
+    path = Path(path)
+    refuse_pickle(path)
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist; point to a run folder or an exported folder")
+    if (path / EXPORT_CONFIG).is_file():
+        return _load_export(path, device, workspace)
+    if not (path / "config.json").is_file() or not (path / "stage1").exists() and not (path / "stage2").exists():
+        raise CheckpointError(f"{path} is not a converted run folder (config.json and stage checkpoints expected)")
+    config = ConvertConfig.model_validate(json.loads((path / "config.json").read_text()))
+    model, tokenizer = load_model(config.model.source, dtype=config.model.dtype, device=device, workspace=workspace,
+                                  trust_remote_code=config.model.trust_remote_code)
+    linearize(model, config.attention.linearize_config())
+    if (path / "stage1" / "best").exists():
+        load_best(model, path, "stage1")
+    if (path / "stage2" / "best").exists():
+        model = wrap_for_stage2(model, config.stage2)
+        load_best(model, path, "stage2")
+    model.eval()
+    return model, tokenizer, {"kind": "run", "config": config.model_dump()}
+
+
+def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=None) -> Path:
+    """Write a standalone folder with LoRA merged; :func:`load_converted` reads it back."""
+    model, tokenizer, info = load_converted(run_dir, device="cpu", workspace=workspace)
+    model = merge_lora(model)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / EXPORT_CONFIG).write_text(json.dumps({"linearize": model.lolcats_config.to_dict(),
+                                                 "source_run": str(Path(run_dir).resolve())}, indent=2))
+    return out
+
+
+def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object, dict]:
+    meta = json.loads((path / EXPORT_CONFIG).read_text())
+    model, tokenizer = load_model(str(path), device="cpu", workspace=workspace)
+    linearize(model, LinearizeConfig.from_dict(meta["linearize"]))
+    extras = {}
+    for file in sorted(path.glob("*.safetensors")):
+        extras.update({k: v for k, v in load_file(str(file)).items() if ".feature_map_" in k or k.endswith(".mix")})
+    if not extras:
+        raise CheckpointError(f"{path} has no feature-map tensors; was it exported by `lolcats export`?")
+    load_trainable(model, extras, f"exported model {path}")
+    model.to(resolve_device(device)).eval()
+    return model, tokenizer, {"kind": "export", **meta}
