@@ -9,7 +9,8 @@ LoLCATs attention (see :func:`core.attention.hybrid_attention`):
 
 Modes (``module.mode``):
   * ``"student"``: LoLCATs attention (the converted model);
-  * ``"teacher"``: the original softmax attention through the model's attention interface;
+  * ``"teacher"``: the original softmax attention through the model's attention interface (with
+    an ordinary key/value cache when one is passed, so the teacher can generate too);
   * ``"distill"``: stage-1 teacher forcing: computes both from the same q, k, v, stores the
     pair in ``module.distill_outputs`` (head outputs before o_proj, ``[B, H, L, d]``) and
     returns the teacher's output so the next layer sees teacher hidden states.
@@ -141,7 +142,7 @@ class LolcatsAttention(nn.Module):
         return torch.cat(outs, dim=2)
 
     def teacher(self, q, k, v, attention_mask, **kwargs):
-        """The original softmax attention, [B, H, L, d] (no cache: used for prefill-size inputs)."""
+        """The original softmax attention of the new queries over keys k, v: [B, H, L, d]."""
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         out, _ = interface(
             self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, sliding_window=self.sliding_window, **kwargs
@@ -165,8 +166,8 @@ class LolcatsAttention(nn.Module):
         if self.mode == "student":
             y = self.student(q, k, v, mask, past_key_values)
         elif self.mode == "teacher":
-            if past_key_values is not None:
-                raise RuntimeError("teacher mode runs without a cache; call the model with use_cache=False")
+            if past_key_values is not None:  # an ordinary softmax key/value cache
+                k, v = past_key_values.update(k, v, self.layer_idx)
             y = self.teacher(q, k, v, attention_mask, **kwargs)
         elif self.mode == "distill":
             with torch.no_grad():
