@@ -1,25 +1,42 @@
-"""LoLCATs Workbench core: conversion library usable alone from Python.
+"""LoLCATs Workbench core: the conversion library, usable alone from Python.
 
     import core
     model = core.linearize(model, core.LinearizeConfig(attention="terraced"))
+    model, tokenizer, info = core.load_converted("workspace/runs/demo")
+
+Names are imported on first use (PEP 562), so light modules such as ``core.progress`` and
+``core.workspace`` load without torch.
 """
 
-from core.attention import hybrid_attention
-from core.linearize import (
-    SUPPORTED_ARCHITECTURES,
-    LinearizeConfig,
-    UnsupportedModelError,
-    linearize,
-    lolcats_modules,
-    set_mode,
-)
+from __future__ import annotations
 
-__all__ = [
-    "SUPPORTED_ARCHITECTURES",
-    "LinearizeConfig",
-    "UnsupportedModelError",
-    "hybrid_attention",
-    "linearize",
-    "lolcats_modules",
-    "set_mode",
-]
+import importlib
+
+_EXPORTS = {
+    "hybrid_attention": "core.attention",
+    "SUPPORTED_ARCHITECTURES": "core.linearize",
+    "LinearizeConfig": "core.linearize",
+    "UnsupportedModelError": "core.linearize",
+    "linearize": "core.linearize",
+    "lolcats_modules": "core.linearize",
+    "set_mode": "core.linearize",
+    "load_converted": "core.runs",
+    "export": "core.runs",
+    "load_model": "core.models",
+    "run_convert": "core.convert",
+    "attention_maps": "core.attention_maps",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

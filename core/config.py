@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.linearize import LinearizeConfig
+from core.presets import PRESETS
 
 
 class _Spec(BaseModel):
@@ -161,33 +162,6 @@ def _merge(base: dict, override: dict) -> dict:
     for k, v in override.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
-
-
-PRESETS: dict[str, dict] = {
-    # The paper's Llama 3 8B recipe (needs a GPU with about 40 GB and the hub).
-    "paper-8b": {
-        "model": {"source": "meta-llama/Meta-Llama-3-8B", "dtype": "bfloat16"},
-        "data": {"source": "yahma/alpaca-cleaned", "seq_len": 1024},
-    },
-    # The bundled model on 2 CPU cores in about 10 minutes: short stages, a higher LoRA lr.
-    "cpu-demo": {
-        "data": {"seq_len": 256, "val_examples": 64, "max_examples": 1000},
-        "stage1": {"steps": 60, "grad_accum": 2, "eval_every": 20, "eval_blocks": 4},
-        "stage2": {"steps": 60, "grad_accum": 2, "lr": 1e-3, "eval_every": 20, "eval_blocks": 4},
-        "eval": {"ppl_blocks": 8, "mse_blocks": 2, "passkey_lengths": [128, 256], "passkey_depths": [0.2, 0.8],
-                 "passkey_trials": 1, "samples": 2, "max_new_tokens": 24},
-    },
-    # Seconds: a tiny random model with the bundled tokenizer; for tests and smoke checks.
-    "tiny-test": {
-        "model": {"source": "tiny-random-llama"},
-        "attention": {"feature_dim": 8, "window_size": 16},
-        "data": {"seq_len": 64, "val_examples": 8, "max_examples": 64},
-        "stage1": {"steps": 4, "grad_accum": 1, "eval_every": 2, "eval_blocks": 2},
-        "stage2": {"steps": 4, "grad_accum": 1, "lr": 1e-3, "eval_every": 2, "eval_blocks": 2},
-        "eval": {"ppl_blocks": 2, "mse_blocks": 1, "passkey_lengths": [64], "passkey_depths": [0.5],
-                 "passkey_trials": 1, "samples": 1, "max_new_tokens": 8},
-    },
-}
 
 
 def preset(name: str, **overrides) -> ConvertConfig:

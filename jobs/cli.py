@@ -1,9 +1,310 @@
-"""Commands of the ``jobs`` layer for the ``lolcats`` CLI."""
+"""Commands of the ``jobs`` layer for the ``lolcats`` CLI.
+
+    lolcats jobs submit CONFIG.yaml | --preset NAME [--kind KIND] [--name N] [--priority P] [--set k=v ...]
+    lolcats jobs list [--status S] [--kind K] [--limit N]
+    lolcats jobs show ID
+    lolcats jobs logs ID [--follow]
+    lolcats jobs cancel ID
+    lolcats jobs resume ID [--config CONFIG.yaml]
+    lolcats worker [--concurrency N] [--once | --exit-when-idle] [--poll-interval S]
+
+Every command takes ``--workspace`` (else ``LOLCATS_WORKSPACE``, else ``./workspace``) and
+``--db-url`` (else ``LOLCATS_DB_URL``, else the workspace's ``workbench.db``). A config file is a
+YAML mapping: optional ``kind``, ``name`` and ``priority`` keys, and the config fields either
+under ``config:`` or at top level. User errors print one line (cause and fix) and exit 1.
+``python -m jobs`` runs the same commands without the rest of the ``lolcats`` app.
+"""
 
 from __future__ import annotations
 
+import functools
+import logging
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
 import typer
+import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from jobs import api
+from jobs.errors import ConfigError, JobsError, ResumeConfigMismatch
+from jobs.kinds import KINDS, PRESETS, get_preset
+
+console = Console()
+err_console = Console(stderr=True)
+
+jobs_app = typer.Typer(name="jobs", help="Submit, watch, cancel and resume jobs.", no_args_is_help=True,
+                       add_completion=False)
+
+WorkspaceOpt = typer.Option(None, "--workspace", "-w", help="Workspace folder (default: $LOLCATS_WORKSPACE or ./workspace).")
+DbUrlOpt = typer.Option(None, "--db-url", envvar="LOLCATS_DB_URL", help="SQLAlchemy URL of the job database.")
+
+
+def _user_errors(fn):
+    """Turn JobsError into one red line and exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ResumeConfigMismatch as exc:
+            err_console.print(f"[red]error:[/red] job {exc.job_id} cannot resume with this config: it changes "
+                              "what was trained:", highlight=False)
+            for change in exc.changes:
+                err_console.print(f"  {change.field}: {change.old!r} -> {change.new!r}", highlight=False)
+            err_console.print("Resume with the original values, or submit a new job.", highlight=False)
+            raise typer.Exit(1)
+        except JobsError as exc:
+            err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1)
+
+    return wrapper
+
+
+def _local(dt: datetime | None) -> str:
+    if dt is None:
+        return "-"
+    return dt.replace(tzinfo=timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("job", [("config file", f"{path} does not exist")]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError("job", [("config file", f"{path} is not valid YAML: {exc}")]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("job", [("config file", f"{path} must hold a mapping of field names to values")])
+    return data
+
+
+def _config_section(data: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The config fields of a loaded file: under ``config:`` or, without it, the top level."""
+    if "config" not in data:
+        return data
+    config = data.pop("config")
+    if data:
+        raise ConfigError(kind, [(k, "unexpected top-level key next to `config:`") for k in data])
+    if not isinstance(config, dict):
+        raise ConfigError(kind, [("config", "must be a mapping of field names to values")])
+    return config
+
+
+def _parse_sets(sets: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("job", [("--set", f"expected KEY=VALUE, got {item!r}")])
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+@jobs_app.command("submit")
+@_user_errors
+def submit(
+    config_file: Optional[Path] = typer.Argument(None, help="YAML config file."),
+    preset: Optional[str] = typer.Option(None, "--preset", help=f"Named preset ({', '.join(sorted(PRESETS))})."),
+    kind: Optional[str] = typer.Option(None, "--kind", help=f"Job kind ({', '.join(sorted(KINDS))})."),
+    name: Optional[str] = typer.Option(None, "--name", help="Run name (a label; must stay inside the workspace)."),
+    priority: Optional[int] = typer.Option(None, "--priority", help="Higher runs first (default 0)."),
+    sets: list[str] = typer.Option([], "--set", help="Override one config field: KEY=VALUE (YAML value)."),
+    workspace: Optional[Path] = WorkspaceOpt,
+    db_url: Optional[str] = DbUrlOpt,
+) -> None:
+    """Validate a config and queue a job (nothing is queued if the config is invalid)."""
+    if (config_file is None) == (preset is None):
+        raise ConfigError("job", [("config", "give either a CONFIG.yaml file or --preset NAME (not both)")])
+    if preset is not None:
+        p = get_preset(preset)
+        if kind is not None and kind != p.kind:
+            raise ConfigError("job", [("--kind", f"preset {preset!r} is a {p.kind} job, not {kind}")])
+        job_kind, config, file_name, file_priority = p.kind, dict(p.config), preset, None
+    else:
+        data = _load_yaml(config_file)
+        file_kind = data.pop("kind", None)
+        if kind is not None and file_kind is not None and kind != file_kind:
+            raise ConfigError("job", [("kind", f"--kind {kind} disagrees with kind: {file_kind} in {config_file}")])
+        job_kind = kind or file_kind
+        if job_kind is None:
+            raise ConfigError("job", [("kind", f"missing: add `kind:` to {config_file} or pass --kind "
+                                               f"({', '.join(sorted(KINDS))})")])
+        file_name, file_priority = data.pop("name", None), data.pop("priority", None)
+        config = _config_section(data, job_kind)
+    config.update(_parse_sets(sets))
+    priority = priority if priority is not None else int(file_priority or 0)
+    info = api.submit_job(job_kind, config, name=name or file_name, priority=priority,
+                          workspace=workspace, db_url=db_url)
+    console.print(f"queued job {info.id} ({info.kind}); run folder {info.run_dir}", highlight=False)
+
+
+def _status_style(status: str) -> str:
+    return {"queued": "cyan", "running": "yellow", "succeeded": "green", "failed": "red",
+            "cancelled": "magenta", "interrupted": "bright_red"}.get(status, "white")
+
+
+def _progress(info: api.JobInfo) -> str:
+    if info.progress_step is None:
+        return "-"
+    total = f"/{info.progress_total}" if info.progress_total else ""
+    return f"{info.progress_stage} {info.progress_step}{total}"
+
+
+@jobs_app.command("list")
+@_user_errors
+def list_(
+    status: Optional[list[str]] = typer.Option(None, "--status", help="Only these states (repeatable)."),
+    kind: Optional[str] = typer.Option(None, "--kind"),
+    limit: int = typer.Option(50, "--limit"),
+    workspace: Optional[Path] = WorkspaceOpt,
+    db_url: Optional[str] = DbUrlOpt,
+) -> None:
+    """List jobs, newest first."""
+    jobs = api.list_jobs(status=status or None, kind=kind, limit=limit, workspace=workspace, db_url=db_url)
+    table = Table(title=f"{len(jobs)} job(s)")
+    for col in ("id", "kind", "status", "step", "try", "created"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("name", overflow="fold")
+    table.add_column("note", overflow="fold", ratio=1)
+    for j in jobs:
+        note = j.error or j.status_reason or ("cancel requested" if j.cancel_requested and not j.is_terminal else "")
+        note = (note[:120] + "...") if len(note) > 120 else note
+        step = "-" if j.progress_step is None else f"{j.progress_step}/{j.progress_total or '?'}"
+        table.add_row(str(j.id), j.kind, f"[{_status_style(j.status)}]{j.status}[/]", step, str(j.attempt),
+                      _local(j.created_at)[5:16], escape(j.name or ""), escape(note))
+    console.print(table)
+
+
+@jobs_app.command("show")
+@_user_errors
+def show(job_id: int = typer.Argument(...), workspace: Optional[Path] = WorkspaceOpt,
+         db_url: Optional[str] = DbUrlOpt) -> None:
+    """Show one job: state, config, latest metrics, error."""
+    j = api.get_job(job_id, workspace=workspace, db_url=db_url)
+    table = Table(title=f"job {j.id}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    rows = [("kind", j.kind), ("name", escape(j.name or "")), ("status", f"[{_status_style(j.status)}]{j.status}[/]"),
+            ("reason", escape(j.status_reason or "")), ("attempt", str(j.attempt)), ("priority", str(j.priority)),
+            ("progress", _progress(j)), ("created", _local(j.created_at)), ("started", _local(j.started_at)),
+            ("finished", _local(j.finished_at)), ("heartbeat", _local(j.heartbeat_at)),
+            ("worker", j.worker_id or ""), ("pid / pgid", f"{j.pid or '-'} / {j.pgid or '-'}"),
+            ("cancel requested", "yes" if j.cancel_requested else "no"), ("run folder", escape(str(j.run_dir or ""))),
+            ("config", escape(yaml.safe_dump(j.config, sort_keys=False).strip()))]
+    metrics = api.latest_metrics(job_id, workspace=workspace, db_url=db_url)
+    if metrics:
+        rows.append(("latest metrics", ", ".join(f"{k}={v:.6g}" if v is not None else f"{k}=non-finite"
+                                                 for k, v in metrics.items())))
+    if j.result is not None:
+        rows.append(("result", escape(yaml.safe_dump(j.result, sort_keys=False).strip())))
+    if j.error:
+        rows.append(("error", f"[red]{escape(j.error)}[/red]"))
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table)
+    if j.log_tail:
+        console.print("[bold]log tail[/bold]")
+        console.print(j.log_tail, markup=False, highlight=False)
+
+
+def _print_event(e) -> None:
+    style = {"error": "red", "warning": "yellow"}.get(e.level, "")
+    line = escape(f"{_local(e.time)} [{e.source}#{e.attempt}] {e.message}")
+    console.print(f"[{style}]{line}[/]" if style else line, highlight=False, soft_wrap=True)
+
+
+@jobs_app.command("logs")
+@_user_errors
+def logs(
+    job_id: int = typer.Argument(...),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
+    poll: float = typer.Option(0.5, "--poll", help="Seconds between polls with --follow."),
+    workspace: Optional[Path] = WorkspaceOpt,
+    db_url: Optional[str] = DbUrlOpt,
+) -> None:
+    """Print a job's events and log lines."""
+    last = 0
+    while True:
+        info = api.get_job(job_id, workspace=workspace, db_url=db_url)  # read before events: no line is missed
+        for e in api.job_events(job_id, after_id=last, workspace=workspace, db_url=db_url):
+            _print_event(e)
+            last = e.id
+        if not follow or info.is_terminal:
+            break
+        time.sleep(poll)
+    if info.log_tail and info.status == "failed":
+        console.print(info.log_tail, markup=False, highlight=False)
+
+
+@jobs_app.command("cancel")
+@_user_errors
+def cancel(job_id: int = typer.Argument(...), workspace: Optional[Path] = WorkspaceOpt,
+           db_url: Optional[str] = DbUrlOpt) -> None:
+    """Cancel a queued job, or stop a running one at its next step (checkpoint kept)."""
+    j = api.cancel_job(job_id, workspace=workspace, db_url=db_url)
+    if j.status == "cancelled":
+        console.print(f"job {job_id} cancelled")
+    else:
+        console.print(f"job {job_id}: cancel requested; it stops at its next step (the worker kills it if it "
+                      "does not)")
+
+
+@jobs_app.command("resume")
+@_user_errors
+def resume(
+    job_id: int = typer.Argument(...),
+    config_file: Optional[Path] = typer.Option(None, "--config", help="Full config to resume with (checked)."),
+    workspace: Optional[Path] = WorkspaceOpt,
+    db_url: Optional[str] = DbUrlOpt,
+) -> None:
+    """Requeue a failed, cancelled or interrupted job; it continues from its last checkpoint."""
+    config = None
+    if config_file is not None:
+        data = _load_yaml(config_file)
+        for key in ("kind", "name", "priority"):
+            data.pop(key, None)
+        config = _config_section(data, "job")
+    j = api.resume_job(job_id, config, workspace=workspace, db_url=db_url)
+    console.print(f"job {job_id} queued again as attempt {j.attempt}")
+
+
+def worker(
+    concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, help="Jobs run at the same time."),
+    once: bool = typer.Option(False, "--once", help="Run at most CONCURRENCY queued jobs, then exit."),
+    exit_when_idle: bool = typer.Option(False, "--exit-when-idle", help="Exit when nothing is queued or running."),
+    poll_interval: float = typer.Option(1.0, "--poll-interval", min=0.01, help="Seconds between queue polls."),
+    stale_after: float = typer.Option(60.0, "--stale-after", help="Heartbeat age that marks a job interrupted."),
+    cancel_grace: float = typer.Option(10.0, "--cancel-grace", help="Seconds to wait for a cooperative stop."),
+    kill_grace: float = typer.Option(5.0, "--kill-grace", help="Seconds between SIGTERM and SIGKILL."),
+    workspace: Optional[Path] = WorkspaceOpt,
+    db_url: Optional[str] = DbUrlOpt,
+) -> None:
+    """Run queued jobs, each in its own process group; reconcile jobs of dead workers."""
+    from jobs.db import open_db
+    from jobs.worker import Worker, WorkerOptions
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    options = WorkerOptions(concurrency=concurrency, poll_interval=poll_interval, stale_after=stale_after,
+                            cancel_grace=cancel_grace, kill_grace=kill_grace, once=once,
+                            exit_when_idle=exit_when_idle)
+    raise typer.Exit(Worker(open_db(workspace, db_url), options).run())
 
 
 def register(app: typer.Typer) -> None:
     """Add this layer's commands to the top-level app."""
+    app.add_typer(jobs_app, name="jobs")
+    app.command("worker")(_user_errors(worker))
+
+
+def main() -> None:
+    """``python -m jobs``: the job commands without the rest of the app."""
+    app = typer.Typer(name="jobs", no_args_is_help=True, add_completion=False)
+    register(app)
+    app()

@@ -1,0 +1,228 @@
+"""Registry of job kinds and named presets.
+
+A kind is one :class:`JobKind` entry: a config model and a run function
+
+    run(config, run_dir: Path, progress: core.progress.ProgressCallback) -> dict   # the report
+
+The config model is a pydantic ``BaseModel`` (use ``extra="forbid"`` so typos are rejected) or
+a plain / pydantic dataclass. Either may be given as a ``"module:attribute"`` string, imported
+only when first needed, so that registering ``convert`` does not import torch into every CLI
+call. The run function must checkpoint into ``run_dir``, resume from the checkpoint it finds
+there, and, when ``progress.should_stop()`` returns True between steps, checkpoint and raise
+:class:`core.progress.StopRequested`.
+
+Adding a kind is one call. When the core function has extra parameters, the entry points at a
+three-line adapter, e.g. for the conversion (``core.convert.run_convert(config, output, progress,
+resume, workspace)``)::
+
+    def run_convert(config, run_dir, progress):
+        from core.convert import run_convert   # torch loads here, in the job process only
+        return run_convert(config, run_dir, progress, resume=True, workspace=Path.cwd())
+
+    register_kind(JobKind(
+        name="convert",
+        config_model="core.config:ConvertConfig",
+        run=run_convert,
+        description="Linearize a model's attention (stage 1 + stage 2 + evaluation).",
+        resume_safe=frozenset(),   # top-level fields a resume may change
+    ))
+
+``resume_safe`` lists the top-level config fields a resume may change (pacing, logging, fault injection);
+a change to any other field changes what was trained and makes resume refuse, showing the diff.
+
+Paths typed by a user go in fields annotated :data:`WorkspacePath`: validation rejects any value
+that resolves outside the workspace (``../``, absolute paths elsewhere). The runner process's
+working directory is the workspace (``Path.cwd()`` in a run function), so such a path opens as given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Callable
+
+from pydantic import AfterValidator, TypeAdapter, ValidationError, ValidationInfo
+
+from core.workspace import safe_child
+from jobs.errors import ConfigError, FieldChange, UnknownKind
+
+
+def _inside_workspace(value: str, info: ValidationInfo) -> str:
+    root = (info.context or {}).get("workspace")
+    if root is None:  # no workspace known: accept only plain relative paths without `..`
+        parts = Path(value).parts
+        if Path(value).is_absolute() or ".." in parts:
+            raise ValueError(f"path {value!r} must be relative to the workspace, without '..'")
+        return value
+    safe_child(Path(root), value)  # raises ValueError naming the path and the workspace
+    return value
+
+
+WorkspacePath = Annotated[str, AfterValidator(_inside_workspace)]
+"""A path typed by the user, relative to the workspace; rejected if it escapes it."""
+
+
+def _resolve(ref: Any) -> Any:
+    if isinstance(ref, str):
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return ref
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str
+    config_model: type | str  # pydantic model or dataclass, or "module:Class"
+    run: Callable[[Any, Path, Any], dict] | str  # run(config, run_dir, progress) -> report, or "module:func"
+    description: str = ""
+    resume_safe: frozenset[str] = field(default_factory=frozenset)
+
+    def model(self) -> type:
+        return _resolve(self.config_model)
+
+    def function(self) -> Callable[[Any, Path, Any], dict]:
+        return _resolve(self.run)
+
+    def _adapter(self) -> TypeAdapter:
+        return TypeAdapter(self.model())
+
+    def validate(self, config: dict[str, Any], workspace: Path | None = None) -> Any:
+        """The config object, or :class:`ConfigError` naming every bad field."""
+        if not isinstance(config, dict):
+            raise ConfigError(self.name, [("config", f"expected a mapping of field names to values, "
+                                                     f"got {type(config).__name__}")])
+        model = self.model()
+        if dataclasses.is_dataclass(model) and not hasattr(model, "__pydantic_fields__"):
+            known = {f.name for f in dataclasses.fields(model)}
+            unknown = sorted(set(config) - known)
+            if unknown:
+                raise ConfigError(self.name, [(k, f"unknown field; valid fields: {', '.join(sorted(known))}")
+                                              for k in unknown])
+        try:
+            return self._adapter().validate_python(config, context={"workspace": workspace})
+        except ValidationError as exc:
+            raise ConfigError(self.name, _problems(exc)) from None
+        except (ValueError, TypeError) as exc:  # raised by a dataclass __post_init__
+            raise ConfigError(self.name, [("config", str(exc))]) from None
+
+    def dump(self, config_obj: Any) -> dict[str, Any]:
+        """JSON-ready dict of a validated config (what the database stores)."""
+        return self._adapter().dump_python(config_obj, mode="json")
+
+    def normalize(self, config: dict[str, Any], workspace: Path | None = None) -> dict[str, Any]:
+        return self.dump(self.validate(config, workspace))
+
+
+def _problems(exc: ValidationError) -> list[tuple[str, str]]:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "config"
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = "unknown field (a typo?)"
+        elif "input" in err and not isinstance(err["input"], dict):
+            message += f" (got {err['input']!r})"
+        problems.append((loc, message))
+    return problems
+
+
+KINDS: dict[str, JobKind] = {}
+
+
+def register_kind(kind: JobKind, *, replace: bool = False) -> JobKind:
+    if kind.name in KINDS and not replace:
+        raise ValueError(f"job kind {kind.name!r} is already registered")
+    KINDS[kind.name] = kind
+    return kind
+
+
+def get_kind(name: str) -> JobKind:
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise UnknownKind(f"unknown job kind {name!r}; valid kinds: {', '.join(sorted(KINDS))}") from None
+
+
+@dataclass(frozen=True)
+class Preset:
+    kind: str
+    config: dict[str, Any]
+    description: str = ""
+
+
+PRESETS: dict[str, Preset] = {}
+
+
+def register_preset(name: str, kind: str, config: dict[str, Any], description: str = "") -> Preset:
+    PRESETS[name] = Preset(kind, dict(config), description)
+    return PRESETS[name]
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UnknownKind(f"unknown preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}") from None
+
+
+def diff_configs(old: Any, new: Any, prefix: str = "") -> list[FieldChange]:
+    """Field-level differences between two JSON-like configs (dotted paths for nested fields)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        changes: list[FieldChange] = []
+        for key in list(old) + [k for k in new if k not in old]:
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in new:
+                changes.append(FieldChange(path, old[key], None))
+            elif key not in old:
+                changes.append(FieldChange(path, None, new[key]))
+            else:
+                changes += diff_configs(old[key], new[key], path)
+        return changes
+    return [] if old == new else [FieldChange(prefix or "config", old, new)]
+
+
+# --- kinds shipped with the job system ---------------------------------------------------------
+register_kind(JobKind(
+    name="selftest",
+    config_model="jobs.selftest:SelftestConfig",
+    run="jobs.selftest:run_selftest",
+    description="A tiny deterministic job that exercises checkpoints, metrics, failures and cancel.",
+    resume_safe=frozenset({"step_seconds", "fail_at_step", "nan_at_step", "oom_at_step", "spawn_grandchild",
+                           "ignore_stop", "ignore_sigterm", "output_path"}),
+))
+register_preset("selftest-quick", "selftest", {"steps": 5, "step_seconds": 0.05},
+                "5 fast steps: checks that a worker runs jobs end to end")
+register_preset("selftest-slow", "selftest", {"steps": 60, "step_seconds": 1.0},
+                "one minute of steps: try cancel and resume by hand")
+
+
+def run_convert_job(config, run_dir: Path, progress) -> dict:
+    """The ``convert`` kind: a whole conversion run; a resumed job continues from its checkpoints."""
+    from core.convert import run_convert  # torch loads here, in the job process only
+
+    return run_convert(config, run_dir, progress, resume=True, workspace=Path.cwd())
+
+
+register_kind(JobKind(
+    name="convert",
+    config_model="core.config:ConvertConfig",
+    run=run_convert_job,
+    description="Linearize a model's attention: attention transfer, LoRA, evaluation (report.json).",
+))
+
+
+def _register_convert_presets() -> None:
+    from core.presets import PRESETS
+
+    descriptions = {
+        "paper-8b": "the paper's Llama 3 8B recipe (GPU and hub access needed)",
+        "cpu-demo": "the bundled SmolLM2-135M on CPU in about 10 minutes",
+        "tiny-test": "a 2-layer random Llama with the bundled tokenizer: seconds",
+    }
+    for name, config in PRESETS.items():
+        register_preset(name, "convert", config, descriptions.get(name, ""))
+
+
+_register_convert_presets()

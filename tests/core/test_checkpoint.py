@@ -1,0 +1,42 @@
+"""Checkpoint writes are atomic: a failure mid-write leaves the previous checkpoint valid."""
+
+import errno
+
+import pytest
+import torch
+
+import core.checkpoint as ck
+
+
+def test_disk_full_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    target = tmp_path / "stage1" / "last"
+    good = {"w": torch.arange(6.0).view(2, 3)}
+    ck.save_checkpoint(target, good, {"step": 3})
+    real_save = ck.save_file
+
+    def disk_full(tensors, filename):
+        real_save(tensors, filename)
+        with open(filename, "r+b") as f:  # leave a truncated file behind, as a full disk would
+            f.truncate(10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ck, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        ck.save_checkpoint(target, {"w": torch.zeros(2, 3)}, {"step": 4})
+    tensors, state = ck.load_checkpoint(target)
+    assert state["step"] == 3 and torch.equal(tensors["w"], good["w"])
+    assert sorted(p.name for p in target.parent.iterdir()) == ["last"]  # no temporary folders left
+
+
+def test_optimizer_state_round_trip(tmp_path):
+    p = torch.nn.Parameter(torch.randn(4))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    p.grad = torch.randn(4)
+    opt.step()
+    ck.save_checkpoint(tmp_path / "c", {"p": p.detach()}, {"step": 1, "best": float("inf")}, opt)
+    _, state = ck.load_checkpoint(tmp_path / "c")
+    opt2 = torch.optim.AdamW([torch.nn.Parameter(p.detach().clone())], lr=0.1)
+    opt2.load_state_dict(state["optimizer"])
+    first = lambda o: o.state[o.param_groups[0]["params"][0]]  # noqa: E731
+    assert torch.equal(first(opt2)["exp_avg"], first(opt)["exp_avg"]) and first(opt2)["step"] == 1
+    assert state["best"] == float("inf")
