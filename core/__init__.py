@@ -14,17 +14,17 @@ import importlib
 
 _EXPORTS = {
     "hybrid_attention": "core.attention",
-    "SUPPORTED_ARCHITECTURES": "core.linearize",
-    "LinearizeConfig": "core.linearize",
-    "UnsupportedModelError": "core.linearize",
-    "linearize": "core.linearize",
-    "lolcats_modules": "core.linearize",
-    "set_mode": "core.linearize",
+    "SUPPORTED_ARCHITECTURES": "core.surgery",
+    "LinearizeConfig": "core.surgery",
+    "UnsupportedModelError": "core.surgery",
+    "linearize": "core.surgery",
+    "lolcats_modules": "core.surgery",
+    "set_mode": "core.surgery",
     "load_converted": "core.runs",
     "export": "core.runs",
     "load_model": "core.models",
     "run_convert": "core.convert",
-    "attention_maps": "core.attention_maps",
+    "attention_maps": "core.inspection",
 }
 
 __all__ = sorted(_EXPORTS)

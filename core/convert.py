@@ -27,7 +27,7 @@ from core.checkpoint import load_checkpoint
 from core.config import ConfigError, ConvertConfig, config_diff
 from core.data import DataConfig, load_blocks, load_data, load_rows
 from core.evaluate import passkey, per_layer_mse, perplexity, samples, teacher_context
-from core.linearize import linearize
+from core.surgery import linearize
 from core.models import check_seq_len, load_model
 from core.progress import NullProgress, ProgressCallback
 from core.recipes.distill_attention import train_stage1

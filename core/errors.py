@@ -5,7 +5,7 @@ from __future__ import annotations
 from core.checkpoint import CheckpointError
 from core.config import ConfigError
 from core.data import DataError
-from core.linearize import UnsupportedModelError
+from core.surgery import UnsupportedModelError
 from core.lora import LoraTargetError
 from core.models import ModelLoadError
 from core.recipes.loop import NonFiniteLossError, OutOfMemory

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.config import EvalSpec, Stage1Spec
-from core.linearize import decoder_layers, lolcats_modules, set_mode
+from core.surgery import decoder_layers, lolcats_modules, set_mode
 from core.lora import base_model
 from core.progress import NullProgress, ProgressCallback
 from core.recipes.distill_attention import evaluate_layers

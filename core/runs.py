@@ -18,7 +18,7 @@ from torch import nn
 
 from core.checkpoint import CheckpointError, load_trainable, refuse_pickle
 from core.config import ConvertConfig
-from core.linearize import LinearizeConfig, linearize
+from core.surgery import LinearizeConfig, linearize
 from core.lora import merge_lora
 from core.models import load_model, resolve_device
 from core.recipes.finetune_lora import wrap_for_stage2

@@ -13,23 +13,29 @@ length, so only computed when xent_factor > 0).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from safetensors.torch import load_file, save_file
+
 from core.attention.effective import hybrid_attention_matrix, softmax_attention_matrix
+from core.checkpoint import load_checkpoint, save_checkpoint
 from core.config import Stage1Spec
-from core.linearize import lolcats_modules, set_mode
+from core.surgery import lolcats_modules, set_mode
 from core.progress import ProgressCallback
-from core.recipes.loop import Batch, LoopSpec, batch_at, load_best, run_loop
+from core.recipes.loop import Batch, LoopSpec, load_best, run_loop
 
 
-def freeze_for_stage1(model: nn.Module) -> None:
-    """Only feature maps and mixing factors train."""
+def freeze_for_stage1(model: nn.Module, layers: range | None = None) -> None:
+    """Only feature maps and mixing factors (of ``layers``, default all converted layers) train."""
     trainable = set()
-    for module in lolcats_modules(model).values():
-        trainable.update(id(p) for p in (*module.feature_map_q.parameters(), *module.feature_map_k.parameters(), module.mix))
+    for i, module in lolcats_modules(model).items():
+        if layers is None or i in layers:
+            params = (*module.feature_map_q.parameters(), *module.feature_map_k.parameters(), module.mix)
+            trainable.update(id(p) for p in params)
     for p in model.parameters():
         p.requires_grad_(id(p) in trainable)
 
@@ -52,16 +58,30 @@ def _xent(module, mask) -> torch.Tensor:
     return (ce * mask.float()).sum() / mask.float().sum().clamp(min=1)
 
 
-def layer_losses(model: nn.Module, batch: Batch, xent: bool = False) -> dict[int, dict[str, torch.Tensor]]:
-    """Run the decoder in distill mode; per converted layer {"mse": ..., ["xent": ...]}."""
-    modules = lolcats_modules(model)
+def _run_layers(model: nn.Module, batch: Batch, layers: range) -> None:
+    """Decoder layers ``layers`` on cached teacher inputs ``batch["hidden"]`` [B, L, D] (no padding)."""
+    decoder = model.get_decoder()
+    h = batch["hidden"]
+    pos = torch.arange(h.shape[1], device=h.device)[None]
+    pe = decoder.rotary_emb(h, pos)
+    for i in layers:
+        h = decoder.layers[i](h, attention_mask=None, position_embeddings=pe, position_ids=pos, use_cache=False)
+
+
+def layer_losses(model: nn.Module, batch: Batch, xent: bool = False, layers: range | None = None
+                 ) -> dict[int, dict[str, torch.Tensor]]:
+    """Run the decoder (or ``layers`` on cached inputs) in distill mode; per converted layer
+    {"mse": ..., ["xent": ...]}."""
+    modules = {i: m for i, m in lolcats_modules(model).items() if layers is None or i in layers}
     set_mode(model, "distill")
     for m in modules.values():
         m.keep_qk = xent
     try:
-        decoder = model.get_decoder()
-        decoder(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False)
         mask = batch.get("attention_mask")
+        if layers is None:
+            model.get_decoder()(input_ids=batch["input_ids"], attention_mask=mask, use_cache=False)
+        else:
+            _run_layers(model, batch, layers)
         out = {}
         for i, m in modules.items():
             student, teacher = m.distill_outputs
@@ -77,54 +97,145 @@ def layer_losses(model: nn.Module, batch: Batch, xent: bool = False) -> dict[int
             m.distill_qk = None
 
 
-def combine(losses: dict[int, dict[str, torch.Tensor]], spec: Stage1Spec) -> torch.Tensor:
-    mse = torch.stack([v["mse"] for v in losses.values()]).mean()
-    loss = spec.mse_factor * mse
+def combine(losses: dict[int, dict[str, torch.Tensor]], spec: Stage1Spec, n_layers: int | None = None) -> torch.Tensor:
+    """mse_factor * mean MSE (+ xent_factor * mean CE) over layers. A block passes the model's
+    converted-layer count as ``n_layers`` so each layer's loss (and gradient) has the same scale
+    as in joint training."""
+    n = n_layers or len(losses)
+    loss = spec.mse_factor * torch.stack([v["mse"] for v in losses.values()]).sum() / n
     if spec.xent_factor > 0:
-        loss = loss + spec.xent_factor * torch.stack([v["xent"] for v in losses.values()]).mean()
+        loss = loss + spec.xent_factor * torch.stack([v["xent"] for v in losses.values()]).sum() / n
     return loss
 
 
 @torch.no_grad()
-def evaluate_layers(model: nn.Module, blocks: Batch, n_blocks: int, spec: Stage1Spec) -> tuple[float, dict[int, float]]:
+def evaluate_layers(model: nn.Module, blocks: Batch, n_blocks: int, spec: Stage1Spec, layers: range | None = None
+                    ) -> tuple[float, dict[int, float]]:
     """Mean stage-1 loss and per-layer MSE over the first ``n_blocks`` validation blocks."""
     device = next(model.parameters()).device
-    n = min(n_blocks, blocks["input_ids"].shape[0])
+    n = min(n_blocks, blocks["input_ids"].shape[0] if "input_ids" in blocks else blocks["hidden"].shape[0])
     per_layer: dict[int, float] = {}
     total = 0.0
     for i in range(n):
         batch = {k: v[i : i + 1].to(device) for k, v in blocks.items()}
-        losses = layer_losses(model, batch, xent=spec.xent_factor > 0)
-        total += combine(losses, spec).item() / n
+        losses = layer_losses(model, batch, xent=spec.xent_factor > 0, layers=layers)
+        total += combine(losses, spec, len(lolcats_modules(model))).item() / n
         for layer, v in losses.items():
             per_layer[layer] = per_layer.get(layer, 0.0) + v["mse"].item() / n
     return total, per_layer
+
+
+def _train(model, spec: Stage1Spec, train: Batch, val: Batch, run_dir: Path, progress: ProgressCallback, seed: int,
+           config: dict, stage: str, layers: range | None) -> dict:
+    freeze_for_stage1(model, layers)
+    xent = spec.xent_factor > 0
+    n_converted = len(lolcats_modules(model))
+
+    def loss_fn(batch):
+        losses = layer_losses(model, batch, xent=xent, layers=layers)
+        mse = sum(v["mse"].item() for v in losses.values()) / len(losses)
+        return combine(losses, spec, n_converted), {"mse": mse}
+
+    def eval_fn():
+        val_loss, per_layer = evaluate_layers(model, val, spec.eval_blocks, spec, layers)
+        return val_loss, {"val_mse": sum(per_layer.values()) / len(per_layer)}, {i: {"mse": v} for i, v in per_layer.items()}
+
+    loop = LoopSpec(
+        stage=stage, steps=spec.steps, lr=spec.lr, weight_decay=spec.weight_decay, batch_size=spec.batch_size,
+        grad_accum=spec.grad_accum, eval_every=spec.eval_every, seed=seed, plateau_patience=spec.plateau_patience,
+        plateau_factor=spec.plateau_factor, min_lr=spec.min_lr,
+    )
+    result = run_loop(loop, model, train, loss_fn, eval_fn, run_dir, progress, config)
+    load_best(model, run_dir, stage)
+    return result
 
 
 def train_stage1(
     model: nn.Module, spec: Stage1Spec, train: Batch, val: Batch, run_dir: Path, progress: ProgressCallback,
     seed: int, config: dict,
 ) -> dict:
-    """Attention transfer; leaves the best (lowest validation loss) weights loaded."""
+    """Attention transfer (joint, or block-wise when ``spec.layers_per_block`` is set); leaves the
+    best (lowest validation loss) weights loaded and in ``<run>/stage1/best``."""
+    if spec.layers_per_block is None:
+        return _train(model, spec, train, val, run_dir, progress, seed, config, "stage1", None)
+    return train_stage1_blockwise(model, spec, train, val, run_dir, progress, seed, config)
+
+
+def layer_blocks(n_layers: int, layers_per_block: int) -> list[range]:
+    return [range(s, min(s + layers_per_block, n_layers)) for s in range(0, n_layers, layers_per_block)]
+
+
+@torch.no_grad()
+def teacher_inputs(model: nn.Module, blocks: Batch, starts: list[int], folder: Path, rows: int | None = None
+                   ) -> dict[int, torch.Tensor]:
+    """Hidden states entering layers ``starts`` under the teacher, [N, L, D] each, cached on disk.
+
+    With teacher forcing every layer sees the teacher's hidden states, so these are exactly the
+    inputs the joint run gives each block. Files: ``folder/layer<s>.safetensors`` (atomic writes)."""
+    files = {s: folder / f"layer{s}.safetensors" for s in starts}
+    if all(f.is_file() for f in files.values()):
+        return {s: load_file(str(f))["hidden"] for s, f in files.items()}
+    mask = blocks.get("attention_mask")
+    if mask is not None and not bool(mask.bool().all()):
+        raise ValueError("block-wise attention transfer needs unpadded (packed) blocks; use packed data")
+    device = next(model.parameters()).device
+    n = blocks["input_ids"].shape[0] if rows is None else min(rows, blocks["input_ids"].shape[0])
+    outs: dict[int, list[torch.Tensor]] = {s: [] for s in starts}
+    set_mode(model, "teacher")
+    try:
+        for i in range(n):
+            hs = model(input_ids=blocks["input_ids"][i : i + 1].to(device), use_cache=False,
+                       output_hidden_states=True).hidden_states
+            for s in starts:
+                outs[s].append(hs[s].float().cpu())
+    finally:
+        set_mode(model, "student")
+    folder.mkdir(parents=True, exist_ok=True)
+    cached = {}
+    for s, f in files.items():
+        cached[s] = torch.cat(outs[s])
+        tmp = f.with_name(f".{f.name}.tmp")
+        save_file({"hidden": cached[s].contiguous()}, str(tmp))
+        os.replace(tmp, f)
+    return cached
+
+
+def train_stage1_blockwise(model, spec: Stage1Spec, train: Batch, val: Batch, run_dir: Path,
+                           progress: ProgressCallback, seed: int, config: dict) -> dict:
+    """Split the layers into blocks of ``spec.layers_per_block``; cache each block's teacher inputs
+    to disk; train blocks one after another (independently, so they could run on separate devices);
+    gather every block's best tensors into one ``stage1/best`` checkpoint."""
+    n_layers = len(model.get_decoder().layers)
+    ranges = layer_blocks(n_layers, spec.layers_per_block)
+    starts = [r.start for r in ranges]
+    cache = run_dir / "stage1" / "cache"
+    progress.on_log(f"stage1: block-wise, {len(ranges)} blocks of up to {spec.layers_per_block} layers")
+    train_in = teacher_inputs(model, train, starts, cache / "train")
+    val_in = teacher_inputs(model, val, starts, cache / "val", rows=spec.eval_blocks)
+    results = {}
+    for b, layers in enumerate(ranges):
+        if not any(i in layers for i in lolcats_modules(model)):
+            continue  # only softmax layers in this block
+        dtype = next(model.parameters()).dtype
+        results[f"block{b}"] = _train(
+            model, spec, {"hidden": train_in[layers.start].to(dtype)}, {"hidden": val_in[layers.start].to(dtype)},
+            run_dir, progress, seed, config, f"stage1/block{b}", layers,
+        )
+    gather_blocks(model, run_dir, spec.steps, config)
     freeze_for_stage1(model)
-
-    def loss_fn(batch):
-        losses = layer_losses(model, batch, xent=spec.xent_factor > 0)
-        mse = sum(v["mse"].item() for v in losses.values()) / len(losses)
-        return combine(losses, spec), {"mse": mse}
-
-    def eval_fn():
-        val_loss, per_layer = evaluate_layers(model, val, spec.eval_blocks, spec)
-        return val_loss, {"val_mse": sum(per_layer.values()) / len(per_layer)}, {i: {"mse": v} for i, v in per_layer.items()}
-
-    loop = LoopSpec(
-        stage="stage1", steps=spec.steps, lr=spec.lr, weight_decay=spec.weight_decay, batch_size=spec.batch_size,
-        grad_accum=spec.grad_accum, eval_every=spec.eval_every, seed=seed, plateau_patience=spec.plateau_patience,
-        plateau_factor=spec.plateau_factor, min_lr=spec.min_lr,
-    )
-    result = run_loop(loop, model, train, loss_fn, eval_fn, run_dir, progress, config)
-    load_best(model, run_dir, "stage1")
-    return result
+    return {"blocks": results}
 
 
-__all__ = ["freeze_for_stage1", "layer_losses", "evaluate_layers", "train_stage1", "batch_at"]
+def gather_blocks(model: nn.Module, run_dir: Path, steps: int, config: dict) -> None:
+    """One ``stage1/best`` (and a finished ``stage1/last``) from the per-block best checkpoints."""
+    tensors = {}
+    for block in sorted((run_dir / "stage1").glob("block*")):
+        tensors.update(load_checkpoint(block / "best")[0])
+    state = {"stage": "stage1", "step": steps, "blocks": len(list((run_dir / "stage1").glob("block*"))),
+             "config": config}
+    save_checkpoint(run_dir / "stage1" / "best", tensors, state)
+    save_checkpoint(run_dir / "stage1" / "last", tensors, state)
+
+
+__all__ = ["freeze_for_stage1", "layer_losses", "evaluate_layers", "train_stage1", "train_stage1_blockwise",
+           "teacher_inputs", "layer_blocks"]

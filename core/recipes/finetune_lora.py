@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from core.config import Stage2Spec
-from core.linearize import set_mode
+from core.surgery import set_mode
 from core.lora import add_lora, base_model
 from core.progress import ProgressCallback
 from core.recipes.loop import Batch, LoopSpec, load_best, run_loop

@@ -49,7 +49,7 @@ class LoopSpec:
 
 def batch_at(blocks: Batch, index: int, batch_size: int, seed: int) -> Batch:
     """Micro-batch number ``index`` of an endless shuffled pass over ``blocks`` (epoch by epoch)."""
-    n = blocks["input_ids"].shape[0]
+    n = next(iter(blocks.values())).shape[0]
     start = index * batch_size
     rows = []
     for pos in range(start, start + batch_size):

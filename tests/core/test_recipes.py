@@ -126,3 +126,25 @@ def test_corrupted_checkpoint_is_named(tmp_path):
     pickle.write_bytes(b"x")
     with pytest.raises(CheckpointError, match="pickle"):
         load_checkpoint(pickle)
+
+
+def test_blockwise_transfer_matches_joint_transfer(tmp_path):
+    """Teacher forcing makes layers independent: blocks trained from cached teacher inputs end
+    where joint training ends (AdamW is invariant to the per-block loss scale)."""
+    train, val = blocks(8), blocks(2, seed=1)
+    spec = dict(S1, steps=6, eval_every=3, plateau_patience=1000)
+    joint = student(seed=5)
+    train_stage1(joint, Stage1Spec(**spec), train, val, tmp_path / "joint", RecordingProgress(), seed=0, config={})
+    blockwise = student(seed=5)
+    progress = RecordingProgress()
+    train_stage1(blockwise, Stage1Spec(**spec, layers_per_block=2), train, val, tmp_path / "blocks", progress,
+                 seed=0, config={})
+    assert sorted(p.name for p in (tmp_path / "blocks" / "stage1" / "cache" / "train").iterdir()) == [
+        "layer0.safetensors", "layer2.safetensors"]
+    a = {n: p for n, p in joint.named_parameters() if "feature_map" in n or n.endswith(".mix")}
+    b = dict(blockwise.named_parameters())
+    assert a and all(b[n].requires_grad for n in a)
+    for name, value in a.items():
+        assert torch.allclose(value, b[name], rtol=1e-3, atol=1e-5), name
+    tensors, state = load_checkpoint(tmp_path / "blocks" / "stage1" / "best")
+    assert set(tensors) == set(a) and state["blocks"] == 2

@@ -1,8 +1,8 @@
 import torch
 
 import core
-from core.attention_maps import attention_maps
-from tests.core.test_linearize import converted
+from core.inspection import attention_maps
+from tests.core.test_surgery import converted
 from tests.tiny_models import tiny_model
 
 
