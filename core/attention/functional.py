@@ -8,13 +8,18 @@ the tests. The math is written out in ``kernels/hybrid/torch_chunked.py``; in sh
 
 with g_h = sigmoid(mix_h), c_n the window max, one joint normaliser and the linear term not
 rescaled by exp(-c_n) (paper Eq. 6).
+
+Implementation: the Triton kernels for CUDA tensors, the PyTorch form elsewhere; the
+``LOLCATS_KERNELS`` environment variable (``auto``, ``triton``, ``torch``) forces either (see
+``kernels/dispatch.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.hybrid import KINDS, hybrid_attention_torch
+from kernels import dispatch
+from kernels.hybrid import KINDS
 
 __all__ = ["KINDS", "hybrid_attention", "check_kind"]
 
@@ -75,4 +80,4 @@ def hybrid_attention(
         raise ValueError(f"window_size must be >= 1, got {window_size}")
     if attention_mask is not None and attention_mask.shape != (B, L):
         raise ValueError(f"attention_mask must be [B, L] = [{B}, {L}]; got {tuple(attention_mask.shape)}")
-    return hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)
+    return dispatch.hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)

@@ -1,0 +1,189 @@
+"""Choose between the Triton kernels and the PyTorch form of LoLCATs attention.
+
+Backends: ``triton`` (``kernels/hybrid/triton_hybrid.py``, ``triton_decode.py``) and ``torch``
+(``kernels/hybrid/torch_chunked.py``). The choice, in order of precedence:
+
+1. the ``backend`` argument of :func:`hybrid_attention` / :func:`select_backend`;
+2. :func:`set_backend` (a process-wide setting, e.g. from a config file);
+3. the ``LOLCATS_KERNELS`` environment variable: ``auto`` (default), ``triton`` or ``torch``.
+
+``auto`` uses Triton for CUDA tensors when Triton imports and a one-off smoke test (forward and
+backward on a tiny input with the call's kind, head dim, feature dim and dtypes) compiles, runs and
+agrees with the PyTorch form (otherwise it warns once and uses PyTorch), and PyTorch everywhere else.
+``triton`` forces the kernels and fails at the first call with one message naming the cause and the
+fix when they cannot run: Triton missing or broken, or tensors not on a CUDA device and Triton's
+CPU interpreter not enabled (``TRITON_INTERPRET=1`` before ``triton`` is first imported).
+``torch`` forces the PyTorch form.
+
+Decoding: :func:`decode_step_triton` returns the Triton decode step, a drop-in for
+``core.attention.recurrent.decode_step`` on the same state; a caller picks it with
+``select_backend(q.device) == "triton"``.
+
+Importing this module never imports ``triton``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+from kernels.hybrid.torch_chunked import hybrid_attention_torch
+
+ENV_VAR = "LOLCATS_KERNELS"
+BACKENDS = ("auto", "triton", "torch")
+
+_override: str | None = None
+_smoke: dict[tuple, str | None] = {}  # (device, kind, d, F, dtypes) -> None (works) or the failure
+_warned: set[tuple] = set()
+
+
+class KernelBackendError(RuntimeError):
+    """The requested kernel backend cannot run here."""
+
+
+def _check_name(name: str, source: str) -> str:
+    value = name.strip().lower()
+    if value not in BACKENDS:
+        raise ValueError(f"{source} must be one of {', '.join(BACKENDS)}; got {name!r}")
+    return value
+
+
+def set_backend(name: str | None) -> None:
+    """Process-wide backend (``auto``, ``triton``, ``torch``); ``None`` restores the environment's."""
+    global _override
+    _override = None if name is None else _check_name(name, "kernel backend")
+
+
+def requested_backend(backend: str | None = None) -> str:
+    """The requested backend name before resolution: argument, then set_backend, then environment."""
+    if backend is not None:
+        return _check_name(backend, "backend")
+    if _override is not None:
+        return _override
+    return _check_name(os.environ.get(ENV_VAR, "auto") or "auto", ENV_VAR)
+
+
+def load_triton():
+    """Import the Triton kernel modules; raises :class:`KernelBackendError` with the fix if Triton is unusable."""
+    try:
+        from kernels.hybrid import triton_decode, triton_hybrid
+    except ImportError as exc:
+        raise KernelBackendError(str(exc)) from exc
+    return triton_hybrid, triton_decode
+
+
+def _triton_problem(device: torch.device) -> str | None:
+    """Why the Triton kernels cannot run on ``device`` (None when they can)."""
+    try:
+        load_triton()
+    except KernelBackendError as exc:
+        cause = exc.__cause__.__cause__ if exc.__cause__ is not None and exc.__cause__.__cause__ is not None else exc.__cause__
+        return (
+            f"the `triton` package failed to import ({cause!r}); install a Triton build matching your torch "
+            "(`pip install triton`; CUDA wheels of torch ship with it)"
+        )
+    from kernels._triton import INTERPRETER
+
+    if device.type == "cuda":
+        if INTERPRETER:
+            return "Triton was imported with TRITON_INTERPRET=1 (CPU interpreter), which cannot run on CUDA tensors; unset it"
+        return None
+    if INTERPRETER:
+        return None
+    return (
+        f"the tensors are on {device.type}, and the Triton kernels need a CUDA device "
+        "(or Triton's CPU interpreter: TRITON_INTERPRET=1 set before triton is first imported; slow, for tests)"
+    )
+
+
+def _smoke_test(device: torch.device, signature: tuple) -> str | None:
+    """Compile and run the kernels (forward and backward) once on a tiny input with the given
+    (kind, head dim, feature dim, dtype, feature dtype) on ``device``; the failure text or None.
+
+    A broken toolchain (compiler, driver, ptxas) or a tiling the device cannot hold shows here, at
+    the first call, rather than at the first backward pass of a run."""
+    key = (str(device),) + signature
+    if key not in _smoke:
+        kind, d, Fd, dtype, fdtype = signature
+        try:
+            triton_hybrid, _ = load_triton()
+            g = torch.Generator(device="cpu").manual_seed(0)
+            mask = torch.ones(2, 40, dtype=torch.long)
+            mask[1, :5] = 0
+            inputs = [torch.randn(2, n, 40, d, generator=g).to(device, dtype) for n in (2, 1, 1)]
+            inputs += [torch.rand(2, 2, 40, Fd, generator=g).to(device, fdtype) for _ in range(2)]
+            inputs += [torch.zeros(2, device=device)]
+            mask = mask.to(device)
+            with torch.inference_mode(False), torch.enable_grad():
+                outs = []
+                for fn in (triton_hybrid.hybrid_attention_triton, hybrid_attention_torch):
+                    leaves = [t.clone().requires_grad_() for t in inputs]
+                    y = fn(*leaves, kind, 8, mask)
+                    y.float().sum().backward()
+                    outs.append([y.detach()] + [leaves[i].grad for i in (2, 3)])  # y, dv, dq_feat
+            worst = max(((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-12)).item() for a, b in zip(*outs))
+            tol = 1e-3 if dtype == torch.float32 else 5e-2
+            _smoke[key] = None if worst < tol else f"the kernels ran but disagree with the PyTorch form (relative error {worst:.2e})"
+        except Exception as exc:  # noqa: BLE001 - whatever fails is the reason
+            _smoke[key] = f"compiling or running the kernels failed: {exc!r}"
+    return _smoke[key]
+
+
+def select_backend(device: torch.device | str, backend: str | None = None, signature: tuple | None = None) -> str:
+    """``"triton"`` or ``"torch"`` for tensors on ``device`` (see the module docstring).
+
+    ``signature``: (kind, head dim, feature dim, dtype, feature dtype) of the call, for the one-off
+    smoke test on CUDA. Default: ``None`` (a small float32 terraced problem)."""
+    device = torch.device(device)
+    name = requested_backend(backend)
+    if name == "torch":
+        return "torch"
+    signature = signature or ("terraced", 16, 16, torch.float32, torch.float32)
+    if name == "triton":
+        problem = _triton_problem(device)
+        if problem is None and device.type == "cuda":
+            problem = _smoke_test(device, signature)
+        if problem is not None:
+            raise KernelBackendError(f"{ENV_VAR}=triton was requested but {problem}. Use {ENV_VAR}=torch or auto for the PyTorch form.")
+        return "triton"
+    # auto: Triton only for CUDA tensors, and only when it works there
+    if device.type != "cuda":
+        return "torch"
+    problem = _triton_problem(device) or _smoke_test(device, signature)
+    if problem is not None:
+        key = (str(device),) + signature
+        if key not in _warned:
+            _warned.add(key)
+            warnings.warn(f"LoLCATs Triton kernels unavailable on {device} ({problem}); using the PyTorch form", stacklevel=3)
+        return "torch"
+    return "triton"
+
+
+def hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, *, backend=None):
+    """Hybrid attention through the selected backend; arguments as ``core.attention.hybrid_attention``."""
+    signature = (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype)
+    if select_backend(q.device, backend, signature) == "triton":
+        triton_hybrid, _ = load_triton()
+        return triton_hybrid.hybrid_attention_triton(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)
+    return hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)
+
+
+def decode_step_triton():
+    """The Triton decode step (same signature as ``core.attention.recurrent.decode_step``)."""
+    _, triton_decode = load_triton()
+    return triton_decode.hybrid_decode_step_triton
+
+
+__all__ = [
+    "BACKENDS",
+    "ENV_VAR",
+    "KernelBackendError",
+    "decode_step_triton",
+    "hybrid_attention",
+    "load_triton",
+    "requested_backend",
+    "select_backend",
+    "set_backend",
+]

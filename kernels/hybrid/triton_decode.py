@@ -1,0 +1,202 @@
+"""Triton decode step for LoLCATs attention: fold, window softmax and readout of one token, fused.
+
+Same semantics and the same state as ``core.attention.recurrent.decode_step`` (read its module
+docstring for the invariant). The state object is used as it is: ``S [B, H, F, d]`` and
+``z [B, H, F]`` (float32), the window cache ``win_k``, ``win_v [B, H_kv, K, d]`` per KV head with
+``win_pos``, ``win_valid [B, K]``, ``first [B]`` and ``seen``; a new state of the same class is
+returned (the kernels package does not import ``core``).
+
+Per step, the bookkeeping on ``[B, K]`` index tensors stays in PyTorch exactly as in the reference
+(append the new key and value, decide which cached keys leave the window, drop columns beyond the
+capacity), and so does the key feature map of the leaving keys (it is a learned module). One
+program per (batch, query head) then does, on chip:
+
+    S' = S + sum_{leaving j} phi_k(k_j) v_j^T,   z' = z + sum_{leaving j} phi_k(k_j)
+    y  = (phi_q(q)^T S' + g sum_{j in window} exp(s_j - c) v_j) / (phi_q(q)^T z' + g sum exp(s_j - c))
+
+with an online max over the window in blocks of BK columns and float32 throughout (the state is
+updated with exact float32 products: it accumulates over the whole generation). The window cache
+is read per KV head (GQA: query head h reads KV head h // G).
+
+Which cached keys can leave: positions in the cache are consecutive, so with K + 1 columns after
+appending, only the first K + 1 - w (sliding window: at most one) or K - w (terraced: a whole tile
+at a tile boundary) columns can fall below the window. For the sliding window the feature map runs
+on that one column each step with no host synchronisation; for the terraced window the columns
+that actually fold are found with one ``nonzero`` (a host synchronisation, as in the reference) so
+the feature map runs on a tile only when one completes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._triton import INTERPRETER, tl, triton
+
+
+@triton.jit
+def hybrid_decode_kernel(
+    q, qf, S, z, kfold, vfold, wk, wv, wvalid, gate, y, S_out, z_out,
+    s_qb, s_qh, s_qfb, s_qfh, s_kfb, s_kfh, s_kfc, s_vfb, s_vfh, s_vfc, s_wkb, s_wkh, s_wkc, s_wvb, s_wvh, s_wvc,
+    H, G, C, K, scale,
+    HAS_WINDOW: tl.constexpr,
+    D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+):
+    i_bh = tl.program_id(0)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_kh = i_h // G
+    o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
+    m_d, m_f = o_d < D, o_f < FD
+    m_fd = m_f[:, None] & m_d[None, :]
+
+    o_S = (i_bh.to(tl.int64) * FD + o_f[:, None]) * D + o_d[None, :]
+    b_S = tl.load(S + o_S, mask=m_fd, other=0)  # [BF, BD]
+    b_z = tl.load(z + i_bh.to(tl.int64) * FD + o_f, mask=m_f, other=0)  # [BF]
+    # fold the keys leaving the window (their features already carry the 0/1 fold weight)
+    p_kf0 = kfold + i_b.to(tl.int64) * s_kfb + i_h.to(tl.int64) * s_kfh
+    p_vf0 = vfold + i_b.to(tl.int64) * s_vfb + i_kh.to(tl.int64) * s_vfh
+    for c0 in range(0, C, BC):
+        o_c = c0 + tl.arange(0, BC)
+        m_c = o_c < C
+        b_kf = tl.load(p_kf0 + o_c[:, None].to(tl.int64) * s_kfc + o_f[None, :], mask=m_c[:, None] & m_f[None, :], other=0).to(tl.float32)
+        b_v = tl.load(p_vf0 + o_c[:, None].to(tl.int64) * s_vfc + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0).to(tl.float32)
+        b_S += tl.dot(tl.trans(b_kf), b_v, input_precision="ieee")  # [BF, BD]
+        b_z += tl.sum(b_kf, 0)
+    tl.store(S_out + o_S, b_S, mask=m_fd)
+    tl.store(z_out + i_bh.to(tl.int64) * FD + o_f, b_z, mask=m_f)
+
+    b_q = tl.load(q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh + o_d, mask=m_d, other=0).to(tl.float32)  # [BD]
+    b_qf = tl.load(qf + i_b.to(tl.int64) * s_qfb + i_h.to(tl.int64) * s_qfh + o_f, mask=m_f, other=0).to(tl.float32)  # [BF]
+    b_num = tl.sum(b_qf[:, None] * b_S, 0)  # [BD]
+    b_den = tl.sum(b_qf * b_z, 0)
+    if HAS_WINDOW:
+        p_wk0 = wk + i_b.to(tl.int64) * s_wkb + i_kh.to(tl.int64) * s_wkh
+        p_wv0 = wv + i_b.to(tl.int64) * s_wvb + i_kh.to(tl.int64) * s_wvh
+        b_m = tl.max(tl.full([BK], float("-inf"), dtype=tl.float32), 0)
+        b_l = tl.sum(tl.zeros([BK], dtype=tl.float32), 0)
+        b_acc = tl.zeros([BD], dtype=tl.float32)
+        for c0 in range(0, K, BK):
+            o_c = c0 + tl.arange(0, BK)
+            m_c = o_c < K
+            m_c = m_c & (tl.load(wvalid + i_b.to(tl.int64) * K + o_c, mask=m_c, other=0) != 0)
+            b_k = tl.load(p_wk0 + o_c[:, None].to(tl.int64) * s_wkc + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0).to(tl.float32)
+            b_v = tl.load(p_wv0 + o_c[:, None].to(tl.int64) * s_wvc + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0).to(tl.float32)
+            b_s = tl.where(m_c, tl.sum(b_q[None, :] * b_k, 1) * scale, float("-inf"))  # [BK]
+            b_mn = tl.maximum(b_m, tl.max(b_s, 0))
+            # -inf while no valid column has been seen: shift by 0 instead (everything is 0 then)
+            b_shift = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+            b_alpha = tl.exp(b_m - b_shift)
+            b_p = tl.where(m_c, tl.exp(b_s - b_shift), 0.0)
+            b_acc = b_acc * b_alpha + tl.sum(b_p[:, None] * b_v, 0)
+            b_l = b_l * b_alpha + tl.sum(b_p, 0)
+            b_m = b_mn
+        b_g = tl.load(gate + i_h)
+        b_num += b_g * b_acc
+        b_den += b_g * b_l
+    b_y = b_num / tl.where(b_den > 0, b_den, 1.0)
+    tl.store(y + i_bh.to(tl.int64) * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
+
+
+def _capacity(kind: str, w: int) -> int:
+    return {"linear": 0, "sliding_window": w, "terraced": 2 * w}[kind]
+
+
+def _window_start(kind: str, w: int, pos: torch.Tensor) -> torch.Tensor:
+    if kind == "linear":
+        return pos + 1
+    if kind == "sliding_window":
+        return pos - w + 1
+    return w * (torch.div(pos, w, rounding_mode="floor") - 1)
+
+
+def _fold_candidates(kind: str, w: int, columns: int) -> int:
+    """How many leading cache columns (of ``columns`` after appending) can leave the window."""
+    if kind == "linear":
+        return columns
+    if kind == "sliding_window":
+        return max(columns - w, 0)
+    return max(columns - 1 - w, 0)
+
+
+def hybrid_decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale, *, inplace: bool = False):
+    """One decode step through the Triton kernel; returns ``(y [B, H, 1, d], new_state)``.
+
+    Args mirror ``core.attention.recurrent.decode_step``:
+        state: the layer's ``HybridState`` (any object with its fields and constructor).
+        kind, w: attention kind and window size.
+        q: ``[B, H, 1, d]``; k, v: ``[B, H_kv, 1, d]``; q_feat: ``[B, H, 1, F]``.
+        mix: ``[H]`` mixing logits.
+        valid: ``[B]`` bool, False for a padding token.
+        key_features: raw keys ``[B, H_kv, C, d]`` -> ``[B, H, C, F]`` (phi_k per query head).
+        scale: score scale.
+        inplace: update ``state.S`` and ``state.z`` in place instead of allocating new ones
+            (saves a copy per step; the old state object then shares them). Default: ``False``.
+    """
+    B, H, _, d = q.shape
+    Hkv = k.shape[1]
+    G = H // Hkv
+    n = state.seen
+    first = torch.where((state.first < 0) & valid, torch.full_like(state.first, n), state.first)
+    pos = torch.where(first >= 0, n - first, torch.full_like(first, -1))
+    win_k = torch.cat([state.win_k, k], dim=2)
+    win_v = torch.cat([state.win_v, v], dim=2)
+    win_pos = torch.cat([state.win_pos, pos[:, None]], dim=1)
+    win_valid = torch.cat([state.win_valid, valid[:, None]], dim=1)
+    fold = win_valid & (win_pos < _window_start(kind, w, pos)[:, None])
+
+    ncand = _fold_candidates(kind, w, win_k.shape[2])
+    if kind == "terraced" and ncand:
+        cols = fold[:, :ncand].any(0).nonzero().flatten()
+    else:
+        cols = torch.arange(ncand, device=q.device)
+    Fd = q_feat.shape[-1]
+    if cols.numel():
+        kfold = key_features(win_k[:, :, cols]) * fold[:, None, cols, None].to(q_feat.dtype)  # [B, H, C, F]
+        vfold = win_v[:, :, cols]  # [B, H_kv, C, d]
+    else:
+        kfold = q_feat.new_zeros(B, H, 0, Fd)
+        vfold = v.new_zeros(B, Hkv, 0, d)
+    kfold = kfold if kfold.stride(-1) == 1 else kfold.contiguous()
+    vfold = vfold if vfold.stride(-1) == 1 else vfold.contiguous()
+    win_valid = win_valid & ~fold
+    start = max(win_pos.shape[1] - _capacity(kind, w), 0)
+    win_k, win_v = win_k[:, :, start:], win_v[:, :, start:]
+    win_pos, win_valid = win_pos[:, start:], win_valid[:, start:]
+
+    S, z = state.S, state.z
+    if inplace and S.is_contiguous() and z.is_contiguous() and S.dtype == torch.float32 and z.dtype == torch.float32:
+        S_out, z_out = S, z
+    else:
+        S, z = S.float().contiguous(), z.float().contiguous()
+        S_out, z_out = torch.empty_like(S), torch.empty_like(z)
+    K = win_k.shape[2]
+    C = kfold.shape[2]
+    # empty tensors may have no storage: hand the kernel another pointer it will not read
+    if C == 0:
+        kfold, vfold = q_feat, q
+    wk = win_k if win_k.stride(-1) == 1 else win_k.contiguous()
+    wv = win_v if win_v.stride(-1) == 1 else win_v.contiguous()
+    wvalid = win_valid.to(torch.uint8).contiguous()
+    if K == 0:
+        wk, wv, wvalid = q, q, q
+    qf = q_feat if q_feat.stride(-1) == 1 else q_feat.contiguous()
+    qq = q if q.stride(-1) == 1 else q.contiguous()
+    gate = torch.sigmoid(mix.detach().float()).contiguous()
+    y = torch.empty(B, H, 1, d, device=q.device, dtype=q.dtype)
+    BD = max(16, triton.next_power_of_2(d))
+    BF = max(16, triton.next_power_of_2(Fd))
+    BK = min(64, max(16, triton.next_power_of_2(max(K, 1))))
+    launch = {} if INTERPRETER else {"num_warps": 4}
+    hybrid_decode_kernel[(B * H,)](
+        qq, qf, S, z, kfold, vfold, wk, wv, wvalid, gate, y, S_out, z_out,
+        qq.stride(0), qq.stride(1), qf.stride(0), qf.stride(1),
+        kfold.stride(0), kfold.stride(1), kfold.stride(2), vfold.stride(0), vfold.stride(1), vfold.stride(2),
+        wk.stride(0), wk.stride(1), wk.stride(2), wv.stride(0), wv.stride(1), wv.stride(2),
+        H, G, C, K, float(scale),
+        HAS_WINDOW=kind != "linear" and K > 0,
+        D=d, FD=Fd, BD=BD, BF=BF, BC=16, BK=BK, **launch,
+    )
+    new_state = type(state)(S_out, z_out, win_k, win_v, win_pos, win_valid, first, n + 1)
+    return y, new_state
+
+
+__all__ = ["hybrid_decode_step_triton"]

@@ -1,0 +1,713 @@
+"""Triton kernels for LoLCATs hybrid attention: forward and backward, all three kinds.
+
+Same semantics as the PyTorch form in ``kernels/hybrid/torch_chunked.py`` (read its docstring for
+the math); same layouts: q ``[B, H, L, d]``, k and v ``[B, H_kv, L, d]`` (GQA: query head h reads
+KV head ``h // G``, K/V are never repeated), q_feat and k_feat ``[B, H, L, F]``, mix ``[H]``,
+attention mask ``[B, L]``. Every kind is one rule: query n attends with softmax to the real keys
+``lb(n) <= j <= n`` (its window) and linearly to the real keys ``j < lb(n)`` (its history), with
+
+    lb(n) = n + 1            (linear: empty window)
+    lb(n) = n - w + 1        (sliding_window)
+    lb(n) = w (n // w - 1)   (terraced: tiles of w from position 0)
+
+What is fused. One program per (batch x query head, query block of BT rows) computes, for its
+block, the window scores, the window max, the feature products of history keys that are not yet
+in a prefix state, the prefix-state readout and the joint normaliser, and writes the output:
+
+* ``hybrid_chunk_state_kernel``: per (batch x head, chunk of BT keys) the state increment
+  sum_j phi_k(k_j) v_j^T, sum_j phi_k(k_j) (F x d, F); an exclusive cumulative sum over chunks
+  (in PyTorch) gives the prefix state S_c, z_c of all keys before chunk c.
+* ``hybrid_fwd_kernel``: query block i starts its key loop at K0 = BT * (max(lb(i BT), 0) // BT):
+  keys before K0 are history for every query of the block and come from the prefix state S_K0;
+  the loop walks key blocks of BS from K0 up to the block's last query (for the default w = BT = 64:
+  the previous and the current block). Pass 1 finds the exact window max c_n (and its argmax);
+  pass 2 accumulates P = g exp(s - c) [window] + phi_q.phi_k [history] times v into ONE
+  accumulator and P into one normaliser, so y = (acc + phi_q S_K0) / (den + phi_q z_K0).
+  Two passes cost one extra q k^T product per key block but need no rescaling of the linear part
+  (which the paper's normaliser does not rescale by exp(-c_n)) and half the accumulators.
+* backward (recomputes the scores, never stores an L x L or L x w matrix; stores per query only
+  c_n, its argmax, the normaliser; prefix states are recomputed):
+  ``hybrid_bwd_dq_kernel`` per query block: dq, dq_feat, dc_n (the gradient through the window
+  max, which reaches the argmax key: added to dq in-kernel) and the block's prefix-state gradient
+  phi_q^T dy/den; ``hybrid_bwd_dkv_kernel`` per (batch x KV head, key block of BS): loops over
+  the G query heads of the KV head and the query blocks that see the key block, accumulating dk,
+  dv over the group (no atomics, no repeated K/V) and dk_feat per query head, plus the prefix-state
+  gradient of every later chunk (a reverse cumulative sum, in PyTorch). dmix is
+  (1 - g) * sum_n (-dc_n) (d y / d g has the same form as d y / d c).
+
+Block sizes: BT = 64 query rows (also the state chunk), BS = 64 keys (32 when d or F > 64),
+head dim and F padded to a power of two >= 16 (loads are masked), 4 warps (8 when d or F > 64),
+2 pipeline stages. These are starting points chosen without a GPU (``benchmarks/kernels.py
+--sweep`` times others); if a GPU lacks the shared memory for them (Triton's OutOfResources),
+smaller tilings are tried and the one that works is remembered per shape and dtype.
+
+Precision: accumulation is float32. q, k, v share one dtype, the features another (the feature
+maps return float32 even for a half-precision model). Half-precision q, k, v feed the tensor cores
+in their own dtype (P, dS and dy/den are rounded to it for their products, as flash attention
+does); float32 operands next to them (features, prefix states) run in tf32. Float32 q, k, v make
+every product exact float32 ("ieee").
+
+Masks: the per-row roll of ``torch_chunked`` is kept in PyTorch around the kernels (rows are
+rolled so each row's first real token sits at index 0, computed, and rolled back; gradients flow
+back through the roll). Inside the kernels padded keys are loaded as zeros and excluded from
+window and history, so they contribute nothing and get zero gradients; a query with no real key
+gets output 0. Ties in the window max send the whole max gradient to the first maximal key
+(``torch.amax`` splits it evenly); exact ties only occur with duplicated keys.
+
+Pure ``linear`` runs through the same kernels (empty window: lb(n) = n + 1) rather than
+flash-linear-attention's ``chunk_linear_attn``: that package is not a dependency and could not be
+tested here without a GPU, it works in ``[B, T, H, K]`` with one value head per query head (GQA
+would need repeated V), and it takes no ``[B, L]`` key-padding mask; these kernels handle GQA and
+masks the same way for all kinds and are tested against the oracle.
+
+Memory: inputs and output, plus float32 prefix states ``[B, H, ceil(L / 64), F, d]`` (forward and
+backward, a few such buffers at once; 32 MiB each per (batch, head) at L = 32k, F = d = 128) and
+per-query float32 statistics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._triton import INTERPRETER, tl, triton
+from kernels.hybrid.torch_chunked import _leading_pad, _roll_rows
+
+KIND_IDS = {"linear": 0, "sliding_window": 1, "terraced": 2}
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_DIM = 256  # head dim and feature dim; larger blocks would not fit on chip
+
+
+# --------------------------------------------------------------------------------------------
+# device helpers
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _window_start(n, w, KIND: tl.constexpr):
+    """lb(n): first key position inside the window of query n (n >= 0)."""
+    if KIND == 0:
+        return n + 1
+    elif KIND == 1:
+        return n - w + 1
+    else:
+        return w * (n // w - 1)
+
+
+@triton.jit
+def _last_query_block(X, w, BT: tl.constexpr, KIND: tl.constexpr):
+    """Largest query block i with lb(i * BT) < X (X > 0): the last block whose key loop starts at
+    or before the state chunk that ends at X."""
+    if KIND == 0:
+        return (X - 2) // BT
+    elif KIND == 1:
+        return (X + w - 2) // BT
+    else:
+        return (((X + w - 1) // w + 1) * w - 1) // BT
+
+
+@triton.jit
+def _dot(a, b, DOT: tl.constexpr):
+    """Matrix product with float32 accumulation. DOT = 0: the operands' own precision (half
+    inputs; float32 operands in tf32), 1: exact float32, 2: operands upcast to float32 first (the
+    CPU interpreter multiplies bfloat16 operands wrongly)."""
+    if DOT == 1:
+        return tl.dot(a, b, input_precision="ieee")
+    elif DOT == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _key_valid(kmask, i_b, o_k, L, HAS_MASK: tl.constexpr):
+    m_k = o_k < L
+    if HAS_MASK:
+        m_k = m_k & (tl.load(kmask + i_b.to(tl.int64) * L + o_k, mask=m_k, other=0) != 0)
+    return m_k
+
+
+# --------------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def hybrid_chunk_state_kernel(
+    kf, v, kmask, dS, dz,
+    s_fb, s_fh, s_fl, s_vb, s_vh, s_vl,
+    L, H, G, NC,
+    HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+    D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+):
+    """Per chunk of BT keys: dS = sum_j phi_k(k_j) v_j^T [F, d], dz = sum_j phi_k(k_j) [F]."""
+    i_bh, i_c = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_kh = i_h // G
+    o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
+    m_d, m_f = o_d < D, o_f < FD
+    p_kf0 = kf + i_b.to(tl.int64) * s_fb + i_h.to(tl.int64) * s_fh
+    p_v0 = v + i_b.to(tl.int64) * s_vb + i_kh.to(tl.int64) * s_vh
+    b_S = tl.zeros([BF, BD], dtype=tl.float32)
+    b_z = tl.zeros([BF], dtype=tl.float32)
+    for s0 in range(0, BT, BS):
+        o_k = i_c * BT + s0 + tl.arange(0, BS)
+        m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
+        b_kf = tl.load(p_kf0 + o_k[:, None].to(tl.int64) * s_fl + o_f[None, :], mask=m_k[:, None] & m_f[None, :], other=0)  # [BS, BF]
+        b_v = tl.load(p_v0 + o_k[:, None].to(tl.int64) * s_vl + o_d[None, :], mask=m_k[:, None] & m_d[None, :], other=0)  # [BS, BD]
+        b_kf = b_kf.to(tl.float32)
+        b_S += _dot(tl.trans(b_kf), b_v.to(tl.float32), DOT)  # [BF, BD]
+        b_z += tl.sum(b_kf, 0)
+    o_st = (i_bh.to(tl.int64) * NC + i_c) * FD
+    tl.store(dS + (o_st + o_f[:, None]) * D + o_d[None, :], b_S, mask=m_f[:, None] & m_d[None, :])
+    tl.store(dz + o_st + o_f, b_z, mask=m_f)
+
+
+@triton.jit
+def hybrid_fwd_kernel(
+    q, k, v, qf, kf, kmask, gate, S, z, o, cmax, amax, den,
+    s_qb, s_qh, s_ql, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_qfb, s_qfh, s_qfl, s_kfb, s_kfh, s_kfl,
+    L, H, G, NC, w, scale,
+    KIND: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+    D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+):
+    i_bh, i_t = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_kh = i_h // G
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
+    m_t, m_d, m_f = o_t < L, o_d < D, o_f < FD
+
+    p_q = q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh + o_t[:, None].to(tl.int64) * s_ql + o_d[None, :]
+    p_qf = qf + i_b.to(tl.int64) * s_qfb + i_h.to(tl.int64) * s_qfh + o_t[:, None].to(tl.int64) * s_qfl + o_f[None, :]
+    p_k0 = k + i_b.to(tl.int64) * s_kb + i_kh.to(tl.int64) * s_kh
+    p_v0 = v + i_b.to(tl.int64) * s_vb + i_kh.to(tl.int64) * s_vh
+    p_kf0 = kf + i_b.to(tl.int64) * s_kfb + i_h.to(tl.int64) * s_kfh
+    b_q = tl.load(p_q, mask=m_t[:, None] & m_d[None, :], other=0)  # [BT, BD]
+    b_qf = tl.load(p_qf, mask=m_t[:, None] & m_f[None, :], other=0)  # [BT, BF]
+    b_g = tl.load(gate + i_h)
+
+    t_first = i_t * BT
+    t_last = tl.minimum(t_first + BT, L) - 1
+    lb_q = _window_start(o_t, w, KIND)  # [BT]
+    lb_first = _window_start(t_first, w, KIND)
+    lb_last = _window_start(t_last, w, KIND)
+    # keys before k0 are history for every query of the block: they come from the prefix state
+    k0 = tl.maximum(lb_first, 0) // BT * BT
+    k_end = t_last + 1
+
+    # pass 1: the window max c_n and its argmax
+    b_m = tl.full([BT], float("-inf"), dtype=tl.float32)
+    b_am = tl.zeros([BT], dtype=tl.int32)
+    if KIND != 0:
+        for ks in range(tl.maximum(lb_first, 0) // BS * BS, k_end, BS):
+            o_k = ks + tl.arange(0, BS)
+            m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
+            b_k = tl.load(p_k0 + o_k[:, None].to(tl.int64) * s_kl + o_d[None, :], mask=m_k[:, None] & m_d[None, :], other=0)
+            b_s = _dot(b_q, tl.trans(b_k), DOT) * scale  # [BT, BS]
+            m_w = (o_k[None, :] <= o_t[:, None]) & (o_k[None, :] >= lb_q[:, None]) & m_k[None, :]
+            b_s = tl.where(m_w, b_s, float("-inf"))
+            b_bm = tl.max(b_s, 1)
+            b_ba = tl.argmax(b_s, 1).to(tl.int32) + ks
+            upd = b_bm > b_m
+            b_am = tl.where(upd, b_ba, b_am)
+            b_m = tl.where(upd, b_bm, b_m)
+    b_c = tl.where(b_m == float("-inf"), 0.0, b_m)
+
+    # pass 2: window and history in one accumulator, plus the prefix state
+    b_acc = tl.zeros([BT, BD], dtype=tl.float32)
+    b_den = tl.zeros([BT], dtype=tl.float32)
+    if k0 > 0:
+        o_st = (i_bh.to(tl.int64) * NC + k0 // BT) * FD
+        b_S = tl.load(S + (o_st + o_f[:, None]) * D + o_d[None, :], mask=m_f[:, None] & m_d[None, :], other=0)  # [BF, BD]
+        b_z = tl.load(z + o_st + o_f, mask=m_f, other=0)  # [BF]
+        b_qf32 = b_qf.to(tl.float32)
+        b_acc += _dot(b_qf32, b_S, DOT)
+        b_den += tl.sum(b_qf32 * b_z[None, :], 1)
+    for ks in range(k0, k_end, BS):
+        o_k = ks + tl.arange(0, BS)
+        m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
+        b_v = tl.load(p_v0 + o_k[:, None].to(tl.int64) * s_vl + o_d[None, :], mask=m_k[:, None] & m_d[None, :], other=0)
+        b_p = tl.zeros([BT, BS], dtype=tl.float32)
+        if KIND != 0:
+            if ks + BS > lb_first:
+                b_k = tl.load(p_k0 + o_k[:, None].to(tl.int64) * s_kl + o_d[None, :], mask=m_k[:, None] & m_d[None, :], other=0)
+                b_s = _dot(b_q, tl.trans(b_k), DOT) * scale
+                m_w = (o_k[None, :] <= o_t[:, None]) & (o_k[None, :] >= lb_q[:, None]) & m_k[None, :]
+                b_p = b_g * tl.exp(tl.where(m_w, b_s - b_c[:, None], float("-inf")))
+        if ks < lb_last:
+            b_kf = tl.load(p_kf0 + o_k[:, None].to(tl.int64) * s_kfl + o_f[None, :], mask=m_k[:, None] & m_f[None, :], other=0)
+            b_a = _dot(b_qf, tl.trans(b_kf), DOT)  # [BT, BS]
+            m_h = (o_k[None, :] < lb_q[:, None]) & m_k[None, :]
+            b_p += tl.where(m_h, b_a, 0.0)
+        b_acc += _dot(b_p.to(b_v.dtype), b_v, DOT)
+        b_den += tl.sum(b_p, 1)
+
+    b_o = b_acc / tl.where(b_den > 0, b_den, 1.0)[:, None]
+    p_o = o + (i_bh.to(tl.int64) * L + o_t[:, None]) * D + o_d[None, :]
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+    o_row = i_bh.to(tl.int64) * L + o_t
+    tl.store(cmax + o_row, b_c, mask=m_t)
+    tl.store(amax + o_row, b_am, mask=m_t)
+    tl.store(den + o_row, b_den, mask=m_t)
+
+
+@triton.jit
+def hybrid_bwd_dq_kernel(
+    q, k, v, qf, kf, kmask, gate, S, z, dy, den, delta, cmax, amax,
+    dq, dqf, dc, dSb, dzb,
+    s_qb, s_qh, s_ql, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_qfb, s_qfh, s_qfl, s_kfb, s_kfh, s_kfl,
+    L, H, G, NC, w, scale,
+    KIND: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+    D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+):
+    i_bh, i_t = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_kh = i_h // G
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
+    m_t, m_d, m_f = o_t < L, o_d < D, o_f < FD
+
+    p_q = q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh + o_t[:, None].to(tl.int64) * s_ql + o_d[None, :]
+    p_qf = qf + i_b.to(tl.int64) * s_qfb + i_h.to(tl.int64) * s_qfh + o_t[:, None].to(tl.int64) * s_qfl + o_f[None, :]
+    p_k0 = k + i_b.to(tl.int64) * s_kb + i_kh.to(tl.int64) * s_kh
+    p_v0 = v + i_b.to(tl.int64) * s_vb + i_kh.to(tl.int64) * s_vh
+    p_kf0 = kf + i_b.to(tl.int64) * s_kfb + i_h.to(tl.int64) * s_kfh
+    o_row = i_bh.to(tl.int64) * L + o_t
+    b_q = tl.load(p_q, mask=m_t[:, None] & m_d[None, :], other=0)  # [BT, BD]
+    b_qf = tl.load(p_qf, mask=m_t[:, None] & m_f[None, :], other=0)  # [BT, BF]
+    b_dy = tl.load(dy + o_row[:, None] * D + o_d[None, :], mask=m_t[:, None] & m_d[None, :], other=0).to(tl.float32)
+    b_den = tl.load(den + o_row, mask=m_t, other=1.0)
+    b_delta = tl.load(delta + o_row, mask=m_t, other=0.0)
+    b_c = tl.load(cmax + o_row, mask=m_t, other=0.0)
+    b_am = tl.load(amax + o_row, mask=m_t, other=0)
+    b_g = tl.load(gate + i_h)
+    # dL/dP_nj = dy_n.v_j / den_n - delta_n  with  delta_n = dy_n.y_n / den_n
+    b_do = b_dy * (1.0 / tl.where(b_den > 0, b_den, 1.0))[:, None]  # [BT, BD] fp32
+    b_doc = b_do.to(q.dtype.element_ty)
+
+    t_first = i_t * BT
+    t_last = tl.minimum(t_first + BT, L) - 1
+    lb_q = _window_start(o_t, w, KIND)
+    lb_first = _window_start(t_first, w, KIND)
+    lb_last = _window_start(t_last, w, KIND)
+    k0 = tl.maximum(lb_first, 0) // BT * BT
+    k_end = t_last + 1
+
+    b_dq = tl.zeros([BT, BD], dtype=tl.float32)
+    b_dqf = tl.zeros([BT, BF], dtype=tl.float32)
+    b_r = tl.zeros([BT], dtype=tl.float32)  # sum_j Pw_nj dP_nj = -dL/dc_n
+    if k0 > 0:
+        o_st = (i_bh.to(tl.int64) * NC + k0 // BT) * FD
+        b_S = tl.load(S + (o_st + o_f[:, None]) * D + o_d[None, :], mask=m_f[:, None] & m_d[None, :], other=0)  # [BF, BD]
+        b_z = tl.load(z + o_st + o_f, mask=m_f, other=0)
+        b_dqf += _dot(b_do, tl.trans(b_S), DOT) - b_delta[:, None] * b_z[None, :]
+    for ks in range(k0, k_end, BS):
+        o_k = ks + tl.arange(0, BS)
+        m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
+        b_v = tl.load(p_v0 + o_k[:, None].to(tl.int64) * s_vl + o_d[None, :], mask=m_k[:, None] & m_d[None, :], other=0)
+        b_dp = _dot(b_doc, tl.trans(b_v), DOT) - b_delta[:, None]  # [BT, BS]
+        if KIND != 0:
+            if ks + BS > lb_first:
+                b_k = tl.load(p_k0 + o_k[:, None].to(tl.int64) * s_kl + o_d[None, :], mask=m_k[:, None] & m_d[None, :], other=0)
+                b_s = _dot(b_q, tl.trans(b_k), DOT) * scale
+                m_w = (o_k[None, :] <= o_t[:, None]) & (o_k[None, :] >= lb_q[:, None]) & m_k[None, :]
+                b_ds = b_g * tl.exp(tl.where(m_w, b_s - b_c[:, None], float("-inf"))) * b_dp
+                b_r += tl.sum(b_ds, 1)
+                b_dq += _dot(b_ds.to(b_k.dtype), b_k, DOT)
+        if ks < lb_last:
+            b_kf = tl.load(p_kf0 + o_k[:, None].to(tl.int64) * s_kfl + o_f[None, :], mask=m_k[:, None] & m_f[None, :], other=0)
+            m_h = (o_k[None, :] < lb_q[:, None]) & m_k[None, :]
+            b_da = tl.where(m_h, b_dp, 0.0)
+            b_dqf += _dot(b_da.to(b_kf.dtype), b_kf, DOT)
+    b_dc = -b_r
+    if KIND != 0:
+        # the window max c_n = s_{n, argmax}: its gradient reaches that one key
+        b_ka = tl.load(p_k0 + b_am[:, None].to(tl.int64) * s_kl + o_d[None, :], mask=m_t[:, None] & m_d[None, :], other=0)
+        b_dq += b_dc[:, None] * b_ka.to(tl.float32)
+    b_dq *= scale
+
+    tl.store(dq + o_row[:, None] * D + o_d[None, :], b_dq.to(dq.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+    tl.store(dqf + o_row[:, None] * FD + o_f[None, :], b_dqf.to(dqf.dtype.element_ty), mask=m_t[:, None] & m_f[None, :])
+    tl.store(dc + o_row, b_dc, mask=m_t)
+    # gradient of the prefix state this block read: dS = phi_q^T dy/den, dz = -phi_q^T delta
+    b_dSb = _dot(tl.trans(b_qf), b_do.to(b_qf.dtype), DOT)  # [BF, BD]
+    b_dzb = -tl.sum(b_qf.to(tl.float32) * b_delta[:, None], 0)
+    NT = tl.cdiv(L, BT)
+    o_st = (i_bh.to(tl.int64) * NT + i_t) * FD
+    tl.store(dSb + (o_st + o_f[:, None]) * D + o_d[None, :], b_dSb, mask=m_f[:, None] & m_d[None, :])
+    tl.store(dzb + o_st + o_f, b_dzb, mask=m_f)
+
+
+@triton.jit
+def hybrid_bwd_dkv_kernel(
+    q, k, v, qf, kf, kmask, gate, dy, den, delta, cmax, amax, dc, dSr, dzr,
+    dk, dv, dkf,
+    s_qb, s_qh, s_ql, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_qfb, s_qfh, s_qfl, s_kfb, s_kfh, s_kfl,
+    L, H, G, NC, w, scale,
+    KIND: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+    D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+):
+    i_bk, i_s = tl.program_id(0), tl.program_id(1)
+    Hkv = H // G
+    i_b, i_kh = i_bk // Hkv, i_bk % Hkv
+    ks = i_s * BS
+    o_k = ks + tl.arange(0, BS)
+    o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
+    m_d, m_f = o_d < D, o_f < FD
+    m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
+    p_k = k + i_b.to(tl.int64) * s_kb + i_kh.to(tl.int64) * s_kh + o_k[:, None].to(tl.int64) * s_kl + o_d[None, :]
+    p_v = v + i_b.to(tl.int64) * s_vb + i_kh.to(tl.int64) * s_vh + o_k[:, None].to(tl.int64) * s_vl + o_d[None, :]
+    b_k = tl.load(p_k, mask=m_k[:, None] & m_d[None, :], other=0)  # [BS, BD]
+    b_v = tl.load(p_v, mask=m_k[:, None] & m_d[None, :], other=0)  # [BS, BD]
+
+    # query blocks whose key loop contains this key block: from the block holding key ks to the
+    # last block whose loop starts at or before the state chunk of ks
+    NT = tl.cdiv(L, BT)
+    i_lo = ks // BT
+    i_hi = tl.minimum(_last_query_block((ks // BT + 1) * BT, w, BT, KIND), NT - 1)
+
+    b_dk = tl.zeros([BS, BD], dtype=tl.float32)
+    b_dv = tl.zeros([BS, BD], dtype=tl.float32)
+    for i_g in range(0, G):
+        i_h = i_kh * G + i_g
+        i_bh = i_b * H + i_h
+        p_kf = kf + i_b.to(tl.int64) * s_kfb + i_h.to(tl.int64) * s_kfh + o_k[:, None].to(tl.int64) * s_kfl + o_f[None, :]
+        b_kf = tl.load(p_kf, mask=m_k[:, None] & m_f[None, :], other=0)  # [BS, BF]
+        b_g = tl.load(gate + i_h)
+        p_q0 = q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh
+        p_qf0 = qf + i_b.to(tl.int64) * s_qfb + i_h.to(tl.int64) * s_qfh
+        b_dkf = tl.zeros([BS, BF], dtype=tl.float32)
+        for i_t in range(i_lo, i_hi + 1):
+            o_t = i_t * BT + tl.arange(0, BT)
+            m_t = o_t < L
+            o_row = i_bh.to(tl.int64) * L + o_t
+            t_first = i_t * BT
+            t_last = tl.minimum(t_first + BT, L) - 1
+            lb_q = _window_start(o_t, w, KIND)
+            lb_first = _window_start(t_first, w, KIND)
+            lb_last = _window_start(t_last, w, KIND)
+            b_dy = tl.load(dy + o_row[:, None] * D + o_d[None, :], mask=m_t[:, None] & m_d[None, :], other=0).to(tl.float32)
+            b_den = tl.load(den + o_row, mask=m_t, other=1.0)
+            b_delta = tl.load(delta + o_row, mask=m_t, other=0.0)
+            b_doc = (b_dy * (1.0 / tl.where(b_den > 0, b_den, 1.0))[:, None]).to(b_k.dtype)  # [BT, BD]
+            b_dp = _dot(b_doc, tl.trans(b_v), DOT) - b_delta[:, None]  # [BT, BS]
+            b_p = tl.zeros([BT, BS], dtype=tl.float32)
+            if KIND != 0:
+                if ks + BS > lb_first:
+                    b_q = tl.load(p_q0 + o_t[:, None].to(tl.int64) * s_ql + o_d[None, :], mask=m_t[:, None] & m_d[None, :], other=0)
+                    b_c = tl.load(cmax + o_row, mask=m_t, other=0.0)
+                    b_am = tl.load(amax + o_row, mask=m_t, other=-1)
+                    b_dc = tl.load(dc + o_row, mask=m_t, other=0.0)
+                    b_s = _dot(b_q, tl.trans(b_k), DOT) * scale
+                    m_w = (o_k[None, :] <= o_t[:, None]) & (o_k[None, :] >= lb_q[:, None]) & m_k[None, :]
+                    b_p = b_g * tl.exp(tl.where(m_w, b_s - b_c[:, None], float("-inf")))
+                    b_ds = b_p * b_dp + tl.where(o_k[None, :] == b_am[:, None], b_dc[:, None], 0.0)
+                    b_dk += _dot(tl.trans(b_ds.to(b_q.dtype)), b_q, DOT)
+            if ks < lb_last:
+                b_qf = tl.load(p_qf0 + o_t[:, None].to(tl.int64) * s_qfl + o_f[None, :], mask=m_t[:, None] & m_f[None, :], other=0)
+                m_h = (o_k[None, :] < lb_q[:, None]) & m_k[None, :]
+                b_a = _dot(b_qf, tl.trans(b_kf), DOT)
+                b_p += tl.where(m_h, b_a, 0.0)
+                b_da = tl.where(m_h, b_dp, 0.0)
+                b_dkf += _dot(tl.trans(b_da.to(b_qf.dtype)), b_qf, DOT)
+            b_dv += _dot(tl.trans(b_p.to(b_doc.dtype)), b_doc, DOT)
+        # the keys of this block sit in every prefix state after their chunk
+        o_st = (i_bh.to(tl.int64) * NC + ks // BT) * FD
+        b_dS = tl.load(dSr + (o_st + o_f[:, None]) * D + o_d[None, :], mask=m_f[:, None] & m_d[None, :], other=0)  # [BF, BD]
+        b_dz = tl.load(dzr + o_st + o_f, mask=m_f, other=0)
+        b_dkf += _dot(b_v.to(tl.float32), tl.trans(b_dS), DOT) + b_dz[None, :]
+        b_dv += _dot(b_kf.to(tl.float32), b_dS, DOT)
+        b_dkf = tl.where(m_k[:, None], b_dkf, 0.0)
+        p_dkf = dkf + (i_bh.to(tl.int64) * L + o_k[:, None]) * FD + o_f[None, :]
+        tl.store(p_dkf, b_dkf.to(dkf.dtype.element_ty), mask=(o_k[:, None] < L) & m_f[None, :])
+    b_dk = tl.where(m_k[:, None], b_dk * scale, 0.0)
+    b_dv = tl.where(m_k[:, None], b_dv, 0.0)
+    o_kv = (i_bk.to(tl.int64) * L + o_k[:, None]) * D + o_d[None, :]
+    tl.store(dk + o_kv, b_dk.to(dk.dtype.element_ty), mask=(o_k[:, None] < L) & m_d[None, :])
+    tl.store(dv + o_kv, b_dv.to(dv.dtype.element_ty), mask=(o_k[:, None] < L) & m_d[None, :])
+
+
+# --------------------------------------------------------------------------------------------
+# host side
+# --------------------------------------------------------------------------------------------
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def block_config(d: int, Fd: int, block_t: int | None = None, block_s: int | None = None, num_warps: int | None = None):
+    """(BT, BS, num_warps, num_stages) for head dim d and feature dim F (see the module docstring)."""
+    big = max(_pow2(d), _pow2(Fd)) > 64
+    BT = block_t or 64
+    BS = block_s or (32 if big else 64)
+    BS = min(BS, BT)
+    for name, val in (("block_t", BT), ("block_s", BS)):
+        if val < 16 or val & (val - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {val}")
+    return BT, BS, num_warps or (8 if big else 4), 2
+
+
+def _smaller_configs(cfg):
+    """The tiling, then smaller ones to fall back to when a GPU lacks the shared memory for it."""
+    BT, BS, nw, ns = cfg
+    yield cfg
+    yield BT, min(BS, 32), nw, 1
+    yield 32, 16, 4, 1
+
+
+_WORKING: dict = {}  # (phase, shapes, dtypes, tiling asked for) -> tiling that compiled
+
+
+def _with_fallback(key, cfg, fixed: bool, run):
+    """run(cfg); on Triton's OutOfResources retry with smaller tilings (unless the caller fixed it).
+
+    The tilings give the same results: the saved statistics (window max, its argmax, normaliser)
+    are per query, so forward and backward need not share one."""
+    if fixed:
+        return run(cfg)
+    start = _WORKING.get((key, cfg), cfg)
+    error = None
+    for c in _smaller_configs(start):
+        try:
+            out = run(c)
+        except triton.runtime.errors.OutOfResources as exc:
+            error = exc
+            continue
+        _WORKING[(key, cfg)] = c
+        return out
+    raise error
+
+
+def _strides(*ts):
+    out = []
+    for t in ts:
+        out += [t.stride(0), t.stride(1), t.stride(2)]
+    return out
+
+
+def _dot_mode(dtype: torch.dtype, fdtype: torch.dtype) -> int:
+    if dtype == torch.float32:
+        return 1
+    return 2 if INTERPRETER and torch.bfloat16 in (dtype, fdtype) else 0
+
+
+def _consts(kind, kmask, q, qf, cfg):
+    BT, BS, nw, ns = cfg
+    d, Fd = q.shape[-1], qf.shape[-1]
+    out = dict(
+        KIND=KIND_IDS[kind], HAS_MASK=kmask is not None, DOT=_dot_mode(q.dtype, qf.dtype),
+        D=d, FD=Fd, BD=_pow2(d), BF=_pow2(Fd), BT=BT, BS=BS,
+    )
+    if not INTERPRETER:
+        out.update(num_warps=nw, num_stages=ns)
+    return out
+
+
+def _prefix_states(kf, v, kmask, G, NC, consts):
+    """Exclusive prefix states S [B*H, NC, F, d], z [B*H, NC, F] of all keys before each chunk."""
+    B, H, L, Fd = kf.shape
+    d = v.shape[-1]
+    dS = torch.empty(B * H, NC, Fd, d, device=kf.device, dtype=torch.float32)
+    dz = torch.empty(B * H, NC, Fd, device=kf.device, dtype=torch.float32)
+    c = {key: val for key, val in consts.items() if key != "KIND"}
+    hybrid_chunk_state_kernel[(B * H, NC)](
+        kf, v, kmask if kmask is not None else kf, dS, dz, *_strides(kf, v), L, H, G, NC, **c,
+    )
+    S = torch.zeros_like(dS)
+    z = torch.zeros_like(dz)
+    if NC > 1:
+        S[:, 1:] = dS[:, :-1].cumsum(1)
+        z[:, 1:] = dz[:, :-1].cumsum(1)
+    return S, z
+
+
+def _state_chunk_of_block(kind: str, w: int, NT: int, BT: int, device) -> torch.Tensor:
+    """Index of the prefix state each query block reads: max(lb(i BT), 0) // BT (as in the kernels)."""
+    n = torch.arange(NT, device=device) * BT
+    lb = {"linear": n + 1, "sliding_window": n - w + 1, "terraced": w * (torch.div(n, w, rounding_mode="floor") - 1)}[kind]
+    return torch.div(lb.clamp(min=0), BT, rounding_mode="floor")
+
+
+def _forward(q, k, v, qf, kf, gate, kmask, kind, w, scale, cfg):
+    B, H, L, d = q.shape
+    G = H // k.shape[1]
+    NC = triton.cdiv(L, cfg[0])
+    consts = _consts(kind, kmask, q, qf, cfg)
+    S, z = _prefix_states(kf, v, kmask, G, NC, consts)
+    o = torch.empty(B, H, L, d, device=q.device, dtype=q.dtype)
+    cmax = torch.empty(B, H, L, device=q.device, dtype=torch.float32)
+    amax = torch.empty(B, H, L, device=q.device, dtype=torch.int32)
+    den = torch.empty(B, H, L, device=q.device, dtype=torch.float32)
+    hybrid_fwd_kernel[(B * H, NC)](
+        q, k, v, qf, kf, kmask if kmask is not None else q, gate, S, z, o, cmax, amax, den,
+        *_strides(q, k, v, qf, kf), L, H, G, NC, w, scale, **consts,
+    )
+    return o, cmax, amax, den
+
+
+def _backward(q, k, v, qf, kf, gate, kmask, o, cmax, amax, den, dy, delta, kind, w, scale, cfg):
+    B, H, L, d = q.shape
+    Hkv = k.shape[1]
+    G = H // Hkv
+    Fd = qf.shape[-1]
+    BT, BS = cfg[0], cfg[1]
+    NC, NS = triton.cdiv(L, BT), triton.cdiv(L, BS)
+    consts = _consts(kind, kmask, q, qf, cfg)
+    mask_arg = kmask if kmask is not None else q
+    S, z = _prefix_states(kf, v, kmask, G, NC, consts)
+    dq = torch.empty(B, H, L, d, device=q.device, dtype=q.dtype)
+    dqf = torch.empty(B, H, L, Fd, device=q.device, dtype=qf.dtype)
+    dc = torch.empty(B, H, L, device=q.device, dtype=torch.float32)
+    dSb = torch.empty(B * H, NC, Fd, d, device=q.device, dtype=torch.float32)
+    dzb = torch.empty(B * H, NC, Fd, device=q.device, dtype=torch.float32)
+    hybrid_bwd_dq_kernel[(B * H, NC)](
+        q, k, v, qf, kf, mask_arg, gate, S, z, dy, den, delta, cmax, amax,
+        dq, dqf, dc, dSb, dzb,
+        *_strides(q, k, v, qf, kf), L, H, G, NC, w, scale, **consts,
+    )
+    del S, z
+    # prefix-state gradients: block i read the state of chunk c(i); the keys of chunk m are in
+    # every state c > m, so chunk m receives the sum over c > m (reverse exclusive cumsum)
+    cidx = _state_chunk_of_block(kind, w, NC, BT, q.device)
+    dS = torch.zeros_like(dSb).index_add_(1, cidx, dSb)
+    dz = torch.zeros_like(dzb).index_add_(1, cidx, dzb)
+    del dSb, dzb
+    dSr = torch.zeros_like(dS)
+    dzr = torch.zeros_like(dz)
+    if NC > 1:
+        dSr[:, :-1] = dS[:, 1:].flip(1).cumsum(1).flip(1)
+        dzr[:, :-1] = dz[:, 1:].flip(1).cumsum(1).flip(1)
+    del dS, dz
+    dk = torch.empty(B, Hkv, L, d, device=q.device, dtype=k.dtype)
+    dv = torch.empty(B, Hkv, L, d, device=q.device, dtype=v.dtype)
+    dkf = torch.empty(B, H, L, Fd, device=q.device, dtype=kf.dtype)
+    hybrid_bwd_dkv_kernel[(B * Hkv, NS)](
+        q, k, v, qf, kf, mask_arg, gate, dy, den, delta, cmax, amax, dc, dSr, dzr,
+        dk, dv, dkf,
+        *_strides(q, k, v, qf, kf), L, H, G, NC, w, scale, **consts,
+    )
+    return dq, dk, dv, dqf, dkf, dc
+
+
+def _key(q, k, qf, kind):
+    return (kind, q.shape[-1], qf.shape[-1], q.dtype, qf.dtype, k.shape[1] == q.shape[1])
+
+
+class HybridAttentionFunction(torch.autograd.Function):
+    """Hybrid attention on rolled inputs with a [B, L] uint8 key mask (see :func:`hybrid_attention_triton`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, qf, kf, mix, kmask, kind, w, scale, cfg, fixed):
+        gate = torch.sigmoid(mix.detach().float()).contiguous()
+        o, cmax, amax, den = _with_fallback(
+            ("fwd",) + _key(q, k, qf, kind), cfg, fixed,
+            lambda c: _forward(q, k, v, qf, kf, gate, kmask, kind, w, scale, c),
+        )
+        ctx.save_for_backward(q, k, v, qf, kf, mix, kmask, o, cmax, amax, den)
+        ctx.kind, ctx.w, ctx.scale, ctx.cfg, ctx.fixed = kind, w, scale, cfg, fixed
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        q, k, v, qf, kf, mix, kmask, o, cmax, amax, den = ctx.saved_tensors
+        kind = ctx.kind
+        gate = torch.sigmoid(mix.detach().float()).contiguous()
+        dy = dy.contiguous()
+        ok = den > 0
+        # delta_n = dy_n . y_n / den_n: the gradient through the joint normaliser (0 where den = 0)
+        delta = torch.where(ok, (dy.float() * o.float()).sum(-1) / torch.where(ok, den, torch.ones_like(den)), 0.0)
+        dq, dk, dv, dqf, dkf, dc = _with_fallback(
+            ("bwd",) + _key(q, k, qf, kind), ctx.cfg, ctx.fixed,
+            lambda c: _backward(q, k, v, qf, kf, gate, kmask, o, cmax, amax, den, dy, delta, kind, ctx.w, ctx.scale, c),
+        )
+        dmix = None
+        if kind == "linear":  # q, k and mix do not enter the linear kind
+            dq = dk = None
+        elif ctx.needs_input_grad[5]:
+            # dy/dg has the form of dy/dc: dL/dg = -sum_n dc_n / g, and dg/dmix = g (1 - g)
+            dmix = ((1 - gate.view(1, -1, 1)) * -dc).sum((0, 2)).to(mix.dtype)
+        return dq, dk, dv, dqf, dkf, dmix, None, None, None, None, None, None
+
+
+def hybrid_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_feat: torch.Tensor,
+    k_feat: torch.Tensor,
+    mix: torch.Tensor,
+    kind: str,
+    window_size: int = 64,
+    attention_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    *,
+    block_t: int | None = None,
+    block_s: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """LoLCATs hybrid attention through the Triton kernels (forward and backward).
+
+    Same contract as :func:`kernels.hybrid.hybrid_attention_torch` (inputs assumed validated by
+    ``core.attention.hybrid_attention``).
+
+    Args:
+        q: ``[B, H, L, d]`` queries after RoPE. Any strides with a unit last stride.
+        k, v: ``[B, H_kv, L, d]`` keys and values, H a multiple of H_kv (not repeated).
+        q_feat, k_feat: ``[B, H, L, F]`` feature maps per query head.
+        mix: ``[H]`` mixing logits (window weight sigmoid(mix)); unused by ``linear``.
+        kind: ``linear``, ``sliding_window`` or ``terraced``.
+        window_size: w. Default: ``64``.
+        attention_mask: ``[B, L]``, 1 = token, 0 = padding. Default: ``None``.
+        scale: score scale. Default: ``d ** -0.5``.
+        block_t, block_s, num_warps: kernel tiling (query block / state chunk, key block, warps).
+            Default: ``None`` (see :func:`block_config`; smaller tilings are tried when a GPU
+            lacks the shared memory for the default one; an explicit tiling is used as given).
+
+    Returns:
+        ``[B, H, L, d]`` in the dtype of ``q``.
+    """
+    if kind not in KIND_IDS:
+        raise ValueError(f"unknown attention kind {kind!r}; valid kinds: {', '.join(KIND_IDS)}")
+    B, H, L, d = q.shape
+    Fd = q_feat.shape[-1]
+    if d > MAX_DIM or Fd > MAX_DIM:
+        raise ValueError(f"the Triton kernels support head dim and feature dim up to {MAX_DIM}; got d={d}, F={Fd}")
+    if window_size < 1:
+        raise ValueError(f"window_size must be >= 1, got {window_size}")
+    out_dtype = q.dtype
+    if L == 0 or B == 0:
+        return q.new_zeros(q.shape)
+    scale = d**-0.5 if scale is None else float(scale)
+    # q, k, v share one dtype and the features another (the feature maps return float32 for a
+    # half-precision model); float32 q, k, v make the whole computation float32
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    dtype = dtype if dtype in SUPPORTED_DTYPES else torch.float32
+    fdtype = torch.promote_types(q_feat.dtype, k_feat.dtype)
+    fdtype = torch.float32 if dtype == torch.float32 or fdtype not in SUPPORTED_DTYPES else fdtype
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    qf, kf = q_feat.to(fdtype), k_feat.to(fdtype)
+    q, k, v, qf, kf = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, qf, kf))
+
+    shift = None
+    kmask = None
+    if attention_mask is not None:
+        mask = attention_mask.to(device=q.device).bool()
+        shift = _leading_pad(mask)
+        if bool((shift % L != 0).any()):
+            q, qf = _roll_rows(q, shift, 2), _roll_rows(qf, shift, 2)
+            k, v, kf = _roll_rows(k, shift, 2), _roll_rows(v, shift, 2), _roll_rows(kf, shift, 2)
+            mask = _roll_rows(mask, shift, 1)
+        else:
+            shift = None
+        kmask = mask.to(torch.uint8).contiguous()
+    cfg = block_config(d, Fd, block_t, block_s, num_warps)
+    fixed = block_t is not None or block_s is not None or num_warps is not None
+    y = HybridAttentionFunction.apply(q, k, v, qf, kf, mix, kmask, kind, int(window_size), scale, cfg, fixed)
+    if shift is not None:
+        y = _roll_rows(y, (-shift) % L, 2)
+    return y.to(out_dtype)
+
+
+__all__ = ["HybridAttentionFunction", "block_config", "hybrid_attention_triton"]

@@ -1,0 +1,162 @@
+"""Backend selection: LOLCATS_KERNELS=auto|triton|torch, set_backend, and the messages when the
+Triton path is forced where it cannot run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.attention import hybrid_attention
+from kernels import dispatch
+from kernels.hybrid.torch_chunked import hybrid_attention_torch
+from tests.kernels.conftest import DEVICE
+from tests.kernels.utils import assert_close, make_inputs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _clean_backend(monkeypatch):
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    dispatch.set_backend(None)
+    yield
+    dispatch.set_backend(None)
+
+
+def spy_on_backends(monkeypatch):
+    """Record which implementation core.attention.hybrid_attention reaches."""
+    calls = []
+    triton_hybrid, _ = dispatch.load_triton()
+    real_torch, real_triton = dispatch.hybrid_attention_torch, triton_hybrid.hybrid_attention_triton
+
+    def torch_spy(*args, **kwargs):
+        calls.append("torch")
+        return real_torch(*args, **kwargs)
+
+    def triton_spy(*args, **kwargs):
+        calls.append("triton")
+        return real_triton(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "hybrid_attention_torch", torch_spy)
+    monkeypatch.setattr(triton_hybrid, "hybrid_attention_triton", triton_spy)
+    return calls
+
+
+def test_env_switch_selects_the_backend(monkeypatch):
+    calls = spy_on_backends(monkeypatch)
+    q, k, v, qf, kf, mix, mask = make_inputs(2, 2, 1, 30, 16, 8, pads=(0, 4), device=DEVICE)
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    y_torch = hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask)
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    y_triton = hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask)
+    monkeypatch.setenv(dispatch.ENV_VAR, "auto")
+    hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask)
+    assert calls == ["torch", "triton", "triton" if DEVICE == "cuda" else "torch"]
+    m = mask.bool()[:, None, :, None]
+    assert_close("triton vs torch", torch.where(m, y_torch, 0), torch.where(m, y_triton, 0), 1e-5)
+
+
+def test_auto_uses_pytorch_on_cpu_even_with_the_interpreter(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "auto")
+    assert dispatch.select_backend("cpu") == "torch"
+    monkeypatch.delenv(dispatch.ENV_VAR)
+    assert dispatch.select_backend("cpu") == "torch"
+
+
+def test_precedence_and_bad_values(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    dispatch.set_backend("torch")
+    assert dispatch.select_backend(DEVICE) == "torch"
+    assert dispatch.select_backend(DEVICE, backend="triton") == "triton"
+    monkeypatch.setenv(dispatch.ENV_VAR, "cuda")
+    dispatch.set_backend(None)
+    with pytest.raises(ValueError, match=r"LOLCATS_KERNELS must be one of auto, triton, torch; got 'cuda'"):
+        dispatch.select_backend(DEVICE)
+    with pytest.raises(ValueError, match="kernel backend must be one of"):
+        dispatch.set_backend("fast")
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="checks the CPU-only messages")
+def test_forcing_triton_where_it_cannot_run_says_why():
+    """Fresh processes: no interpreter (CPU tensors), and Triton not importable at all."""
+    script = r"""
+import json, os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+os.environ["LOLCATS_KERNELS"] = "triton"
+if sys.argv[1] == "no-triton":
+    sys.modules["triton"] = None  # what a missing install looks like to an import
+import torch
+from core.attention import hybrid_attention
+x = torch.rand(1, 1, 4, 16)
+try:
+    hybrid_attention(x, x, x, x, x, torch.zeros(1), "terraced", 2)
+    print(json.dumps({"error": None}))
+except Exception as exc:
+    print(json.dumps({"type": type(exc).__name__, "error": str(exc)}))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    results = {}
+    for case in ("no-interpreter", "no-triton"):
+        out = subprocess.run(
+            [sys.executable, "-c", script, case], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        results[case] = json.loads(out.stdout.strip().splitlines()[-1])
+    msg = results["no-interpreter"]
+    assert msg["type"] == "KernelBackendError"
+    assert "tensors are on cpu" in msg["error"] and "need a CUDA device" in msg["error"]
+    assert "TRITON_INTERPRET=1" in msg["error"] and "LOLCATS_KERNELS=torch" in msg["error"]
+    msg = results["no-triton"]
+    assert msg["type"] == "KernelBackendError"
+    assert "the `triton` package failed to import" in msg["error"] and "pip install triton" in msg["error"]
+    assert "LOLCATS_KERNELS=torch" in msg["error"]
+
+
+def test_pytorch_form_needs_no_triton_import():
+    """Importing core and running on the PyTorch form never imports the Triton kernel modules."""
+    script = (
+        "import os, sys; os.environ['LOLCATS_KERNELS'] = 'torch'; import torch; "
+        "from core.attention import hybrid_attention; x = torch.rand(1, 1, 4, 8); "
+        "hybrid_attention(x, x, x, x, x, torch.zeros(1), 'terraced', 2); "
+        "print('kernels.hybrid.triton_hybrid' in sys.modules, 'kernels._triton' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_smoke_test_runs_forward_and_backward(monkeypatch):
+    """The one-off check auto mode runs on a CUDA device (here on the interpreter's CPU tensors)."""
+    monkeypatch.setattr(dispatch, "_smoke", {})
+    cpu = torch.device(DEVICE)
+    assert dispatch._smoke_test(cpu, ("terraced", 16, 8, torch.float32, torch.float32)) is None
+    assert dispatch._smoke_test(cpu, ("sliding_window", 16, 8, torch.bfloat16, torch.float32)) is None
+    triton_hybrid, _ = dispatch.load_triton()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("ptxas fatal: unsupported target")
+
+    monkeypatch.setattr(triton_hybrid, "hybrid_attention_triton", broken)
+    problem = dispatch._smoke_test(cpu, ("linear", 16, 8, torch.float32, torch.float32))
+    assert "compiling or running the kernels failed" in problem and "ptxas fatal" in problem
+
+
+def test_auto_on_cuda_falls_back_with_one_warning_when_the_kernels_fail(monkeypatch):
+    monkeypatch.setattr(dispatch, "_triton_problem", lambda device: None)
+    monkeypatch.setattr(dispatch, "_warned", set())
+    monkeypatch.setattr(dispatch, "_smoke_test", lambda device, signature: None)
+    assert dispatch.select_backend("cuda") == "triton"
+    monkeypatch.setattr(dispatch, "_smoke_test", lambda device, signature: "compiling or running the kernels failed: X")
+    with pytest.warns(UserWarning, match="Triton kernels unavailable on cuda .*compiling or running the kernels failed"):
+        assert dispatch.select_backend("cuda") == "torch"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dispatch.select_backend("cuda") == "torch"  # warned once per device and signature
+    with pytest.raises(dispatch.KernelBackendError, match="LOLCATS_KERNELS=triton was requested but compiling"):
+        dispatch.select_backend("cuda", backend="triton")
