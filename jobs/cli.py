@@ -7,6 +7,7 @@
     lolcats jobs cancel ID
     lolcats jobs resume ID [--config CONFIG.yaml]
     lolcats worker [--concurrency N] [--once | --exit-when-idle] [--poll-interval S]
+                   [--executor local|ray] [--ray-address http://HEAD:8265] [--ray-num-gpus G]
 
 Every command takes ``--workspace`` (else ``LOLCATS_WORKSPACE``, else ``./workspace``) and
 ``--db-url`` (else ``LOLCATS_DB_URL``, else the workspace's ``workbench.db``). A config file is a
@@ -283,14 +284,33 @@ def worker(
     stale_after: float = typer.Option(60.0, "--stale-after", help="Heartbeat age that marks a job interrupted."),
     cancel_grace: float = typer.Option(10.0, "--cancel-grace", help="Seconds to wait for a cooperative stop."),
     kill_grace: float = typer.Option(5.0, "--kill-grace", help="Seconds between SIGTERM and SIGKILL."),
+    executor: str = typer.Option("local", "--executor", help="local: job processes on this machine; ray: one Ray "
+                                 "job per attempt on a Ray cluster (pip install -r requirements-ray.txt)."),
+    ray_address: str = typer.Option("http://127.0.0.1:8265", "--ray-address", envvar="LOLCATS_RAY_ADDRESS",
+                                    help="Ray Jobs API (dashboard) address, with --executor ray."),
+    ray_num_gpus: float = typer.Option(0.0, "--ray-num-gpus", min=0, help="GPUs Ray reserves for each job."),
+    ray_workspace: Optional[str] = typer.Option(None, "--ray-workspace", help="The workspace path on the Ray "
+                                                "nodes (default: the same path as here)."),
     workspace: Optional[Path] = WorkspaceOpt,
     db_url: Optional[str] = DbUrlOpt,
 ) -> None:
-    """Run queued jobs, each in its own process group; reconcile jobs of dead workers."""
+    """Run queued jobs, each in its own process group (or as Ray jobs); reconcile jobs of dead workers."""
     from jobs.db import open_db
     from jobs.worker import Worker, WorkerOptions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from jobs.executors import EXECUTORS
+
+    if executor not in EXECUTORS:
+        raise ConfigError("worker", [("--executor", f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")])
+    if executor == "ray":
+        from jobs.executors.ray_jobs import RayWorker, RayWorkerOptions
+
+        ray_options = RayWorkerOptions(
+            address=ray_address, concurrency=concurrency, poll_interval=poll_interval, cancel_grace=cancel_grace,
+            stale_after=stale_after, once=once, exit_when_idle=exit_when_idle, remote_workspace=ray_workspace,
+            num_gpus=ray_num_gpus or None)
+        raise typer.Exit(RayWorker(open_db(workspace, db_url), ray_options).run())
     options = WorkerOptions(concurrency=concurrency, poll_interval=poll_interval, stale_after=stale_after,
                             cancel_grace=cancel_grace, kill_grace=kill_grace, once=once,
                             exit_when_idle=exit_when_idle)

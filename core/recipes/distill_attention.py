@@ -200,29 +200,41 @@ def teacher_inputs(model: nn.Module, blocks: Batch, starts: list[int], folder: P
     return cached
 
 
+def trainable_blocks(model: nn.Module, layers_per_block: int) -> dict[int, range]:
+    """Block index -> its layers, for the blocks holding at least one converted layer (a block of
+    softmax layers only has nothing to train)."""
+    converted = lolcats_modules(model)
+    ranges = layer_blocks(len(model.get_decoder().layers), layers_per_block)
+    return {b: layers for b, layers in enumerate(ranges) if any(i in layers for i in converted)}
+
+
 def train_stage1_blockwise(model, spec: Stage1Spec, train: Batch, val: Batch, run_dir: Path,
-                           progress: ProgressCallback, seed: int, config: dict) -> dict:
+                           progress: ProgressCallback, seed: int, config: dict, blocks: list[int] | None = None) -> dict:
     """Split the layers into blocks of ``spec.layers_per_block``; cache each block's teacher inputs
     to disk; train blocks one after another (independently, so they could run on separate devices);
-    gather every block's best tensors into one ``stage1/best`` checkpoint."""
-    n_layers = len(model.get_decoder().layers)
-    ranges = layer_blocks(n_layers, spec.layers_per_block)
-    starts = [r.start for r in ranges]
+    gather every block's best tensors into one ``stage1/best`` checkpoint.
+
+    ``blocks``: train only these block indices (one process's share of a multi-device run, see
+    :mod:`core.distributed`); their teacher inputs alone are cached, and the caller gathers."""
+    plan = trainable_blocks(model, spec.layers_per_block)
+    if blocks is not None:
+        plan = {b: layers for b, layers in plan.items() if b in set(blocks)}
+    starts = [layers.start for layers in plan.values()]
     cache = run_dir / "stage1" / "cache"
-    progress.on_log(f"stage1: block-wise, {len(ranges)} blocks of up to {spec.layers_per_block} layers")
+    progress.on_log(f"stage1: block-wise, {len(plan)} blocks of up to {spec.layers_per_block} layers"
+                    + ("" if blocks is None else f" (blocks {sorted(plan)})"))
     train_in = teacher_inputs(model, train, starts, cache / "train")
     val_in = teacher_inputs(model, val, starts, cache / "val", rows=spec.eval_blocks)
     results = {}
-    for b, layers in enumerate(ranges):
-        if not any(i in layers for i in lolcats_modules(model)):
-            continue  # only softmax layers in this block
-        dtype = next(model.parameters()).dtype
+    dtype = next(model.parameters()).dtype
+    for b, layers in plan.items():
         results[f"block{b}"] = _train(
             model, spec, {"hidden": train_in[layers.start].to(dtype)}, {"hidden": val_in[layers.start].to(dtype)},
             run_dir, progress, seed, config, f"stage1/block{b}", layers,
         )
-    gather_blocks(model, run_dir, spec.steps, config)
-    freeze_for_stage1(model)
+    if blocks is None:
+        gather_blocks(model, run_dir, spec.steps, config)
+        freeze_for_stage1(model)
     return {"blocks": results}
 
 
@@ -238,4 +250,4 @@ def gather_blocks(model: nn.Module, run_dir: Path, steps: int, config: dict) -> 
 
 
 __all__ = ["freeze_for_stage1", "layer_losses", "evaluate_layers", "train_stage1", "train_stage1_blockwise",
-           "teacher_inputs", "layer_blocks"]
+           "teacher_inputs", "layer_blocks", "trainable_blocks", "gather_blocks"]

@@ -16,7 +16,7 @@ from core.config import Stage2Spec
 from core.surgery import set_mode
 from core.lora import add_lora, base_model
 from core.progress import ProgressCallback
-from core.recipes.loop import Batch, LoopSpec, load_best, run_loop
+from core.recipes.loop import Batch, LoopSpec, Parallel, load_best, run_loop
 
 
 def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -40,21 +40,25 @@ def wrap_for_stage2(model: nn.Module, spec: Stage2Spec) -> nn.Module:
 
 def train_stage2(
     model: nn.Module, spec: Stage2Spec, train: Batch, val: Batch, run_dir: Path, progress: ProgressCallback,
-    seed: int, config: dict,
+    seed: int, config: dict, parallel: Parallel | None = None, forward_model: nn.Module | None = None,
 ) -> dict:
-    """LoRA fine-tuning of a model already wrapped by :func:`wrap_for_stage2`; loads the best adapters."""
+    """LoRA fine-tuning of a model already wrapped by :func:`wrap_for_stage2`; loads the best adapters.
+
+    Data-parallel (see :mod:`core.distributed`): ``parallel`` is this process's part and
+    ``forward_model`` the model wrapped for it (e.g. DDP); ``model`` stays the unwrapped one."""
+    forward = forward_model if forward_model is not None else model
 
     def loss_fn(batch):
-        return lm_loss(model, batch), {}
+        return lm_loss(forward, batch), {}
 
     def eval_fn():
-        val_loss = validation_loss(model, val, spec.eval_blocks)
+        val_loss = validation_loss(forward, val, spec.eval_blocks)
         return val_loss, {"val_ppl": math.exp(min(val_loss, 50.0))}, None
 
     loop = LoopSpec(
         stage="stage2", steps=spec.steps, lr=spec.lr, weight_decay=spec.weight_decay, batch_size=spec.batch_size,
         grad_accum=spec.grad_accum, eval_every=spec.eval_every, seed=seed, plateau_patience=10 ** 9,
     )
-    result = run_loop(loop, model, train, loss_fn, eval_fn, run_dir, progress, config)
+    result = run_loop(loop, model, train, loss_fn, eval_fn, run_dir, progress, config, parallel)
     load_best(model, run_dir, "stage2")
     return result

@@ -1,0 +1,372 @@
+"""The two training stages on several devices: block-wise stage 1 and data-parallel stage 2.
+
+Launch one process per device (``N`` = number of GPUs; on CPU, ``N`` processes with gloo)::
+
+    python -m torch.distributed.run --standalone --nproc_per_node N -m core.distributed stage1 --config my.yaml --output my-run
+    accelerate launch --num_processes N -m core.distributed stage2 --config my.yaml --output my-run
+    lolcats convert my.yaml --output my-run --resume     # both stages found finished: evaluation, report.json
+
+Stage 1 (attention transfer) needs ``stage1.layers_per_block``. With teacher forcing, every block
+of layers trains only on the teacher's hidden states entering it, so blocks are independent: the
+trainable blocks are dealt out round-robin (block ``i`` of the list to process ``i % N``), each
+process caches the teacher inputs of its own blocks under ``<run>/stage1/cache`` and trains them
+exactly as the single-process block-wise run does, and rank 0 gathers every block's best tensors
+into ``<run>/stage1/best`` (:func:`core.recipes.distill_attention.gather_blocks`). The result
+equals the single-process block-wise run's, tensor for tensor. No gradient ever crosses processes.
+
+Stage 2 (LoRA) is data-parallel through accelerate (DDP: gloo on CPU, NCCL on GPUs). Every
+process holds the whole model; of each optimizer step's ``grad_accum`` micro-batches, process
+``r`` takes ``r, r + N, ...``; gradients are averaged across processes before the step, so a step
+equals the single-process step with the same global batch (``batch_size x grad_accum``, which
+must be a multiple of ``N``). Rank 0 reports progress and writes the checkpoints.
+
+Both commands continue whatever the run folder already holds (each block and stage resumes from
+its last checkpoint) after checking that the folder's ``config.json`` matches the config. All
+processes must see the same run folder (one machine, or a shared filesystem). Precision is the
+run config's ``model.dtype``; accelerate's own mixed precision is not used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from core.config import ConfigError, ConvertConfig, load_config
+from core.progress import ProgressCallback, StopRequested
+
+
+# ---------------------------------------------------------------------------------------------
+# Process group
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Group:
+    """This process's place in the launch: rank, world size, and the device it trains on."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: str
+    owns_group: bool = False  # this object initialised the default process group (and closes it)
+
+    @classmethod
+    def start(cls, device: str = "auto") -> "Group":
+        """Join the launch described by torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+        MASTER_ADDR/PORT); a plain ``python`` start is a group of one with no collectives."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+        device = rank_device(device, local)
+        owns = False
+        if world > 1 and not dist.is_initialized():
+            if device.startswith("cuda"):
+                torch.cuda.set_device(torch.device(device))
+            dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+            owns = True
+        return cls(rank, world, local, device, owns)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            if self.device.startswith("cuda"):
+                dist.barrier(device_ids=[torch.device(self.device).index or 0])
+            else:
+                dist.barrier()
+
+    def gather(self, obj) -> list | None:
+        """Every process's ``obj`` on rank 0 (a list in rank order), None elsewhere."""
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size if self.main else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+    def close(self) -> None:
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def rank_device(device: str, local_rank: int) -> str:
+    """The device of local process ``local_rank``: ``auto``/``cuda`` become ``cuda:<local_rank>``
+    when GPUs are visible, ``cpu`` stays ``cpu``; an explicit ``cuda:N`` is refused (one device per process)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"process {local_rank} needs GPU {local_rank} but only {torch.cuda.device_count()} are "
+                              "visible; launch at most that many processes per machine")
+        return f"cuda:{local_rank}"
+    if device.startswith("cuda:"):
+        raise ConfigError(f"model.device {device!r} pins one GPU; multi-device runs need 'auto' or 'cuda' "
+                          "(each process takes the GPU of its local rank)")
+    return device
+
+
+# ---------------------------------------------------------------------------------------------
+# Data-parallel hook for the training loop (stage 2)
+# ---------------------------------------------------------------------------------------------
+
+
+class DataParallel:
+    """:class:`core.recipes.loop.Parallel` over an ``accelerate.Accelerator``'s processes.
+
+    ``prepare(model)`` wraps the model for the configured strategy (DDP); the training loop calls
+    ``backward(loss, sync)`` per micro-batch, with gradient sync only on a process's last one."""
+
+    def __init__(self, accelerator):
+        from accelerate.utils import DistributedType
+
+        self.accelerator = accelerator
+        self.rank, self.world_size = accelerator.process_index, accelerator.num_processes
+        if accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU,
+                                                DistributedType.MULTI_GPU):
+            raise ConfigError(
+                f"stage 2 runs data-parallel (DDP) only; accelerate is configured for "
+                f"{accelerator.distributed_type.value}, which shards the model and is not supported here. Launch with "
+                "`accelerate launch --multi_gpu --num_processes N` or torchrun"
+            )
+        self.wrapped: nn.Module | None = None
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        self.wrapped = self.accelerator.prepare_model(model)
+        return self.wrapped
+
+    def backward(self, loss: torch.Tensor, sync: bool) -> None:
+        if sync or self.wrapped is None:
+            self.accelerator.backward(loss)
+        else:
+            with self.accelerator.no_sync(self.wrapped):
+                self.accelerator.backward(loss)
+
+    def all_sum(self, values: dict[str, float]) -> dict[str, float]:
+        if self.world_size == 1 or not values:
+            return dict(values)
+        keys = list(values)
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.accelerator.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return {k: float(v) for k, v in zip(keys, t.tolist(), strict=True)}
+
+    def main_decides(self, flag: bool) -> bool:
+        if self.world_size == 1:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.accelerator.device)
+        dist.broadcast(t, src=0)
+        return bool(t.item())
+
+    def barrier(self) -> None:
+        self.accelerator.wait_for_everyone()
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress of one process
+# ---------------------------------------------------------------------------------------------
+
+
+class RankProgress:
+    """Prints one line per validation and per log message, prefixed with the rank."""
+
+    def __init__(self, rank: int, stream=None):
+        self.rank, self.stream = rank, stream or sys.stdout
+
+    def on_step(self, stage, step, total, metrics, layer_metrics=None) -> None:
+        if "val_loss" in metrics or step == total:
+            shown = " ".join(f"{k}={v:.5g}" for k, v in metrics.items())
+            print(f"[rank {self.rank}] {stage} step {step}/{total} {shown}", file=self.stream, flush=True)
+
+    def on_log(self, message: str) -> None:
+        print(f"[rank {self.rank}] {message}", file=self.stream, flush=True)
+
+    def should_stop(self) -> bool:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages
+# ---------------------------------------------------------------------------------------------
+
+
+def _prepare(config: ConvertConfig, output: Path, workspace, device: str, group_main: bool, barrier):
+    """Run folder (rank 0), then model and data on every process, rank 0 first: it fills the
+    workspace's model cache, so the others only read it."""
+    from core.convert import build_student, data_config, prepare_run_dir, seed_everything
+    from core.data import load_data
+    from core.models import check_seq_len
+
+    if group_main:
+        prepare_run_dir(config, output, resume=True)
+    barrier()
+
+    def load():
+        seed_everything(config.seed)
+        student = config.model_copy(update={"model": config.model.model_copy(update={"device": device})})
+        model, tokenizer = build_student(student, workspace)
+        check_seq_len(model, config.data.seq_len)
+        splits = load_data(data_config(config), tokenizer)
+        train, val = splits.train.as_dict(), splits.validation.as_dict()
+        if len(splits.validation) == 0:
+            val = {k: v[:1] for k, v in train.items()}
+        return model, train, val
+
+    if group_main:
+        loaded = load()
+    barrier()
+    if not group_main:
+        loaded = load()
+    return loaded
+
+
+def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str | os.PathLike | None = None,
+               progress: ProgressCallback | None = None) -> dict:
+    """This process's share of block-wise attention transfer; rank 0 gathers ``stage1/best``.
+
+    Returns ``{"blocks": {...}, "ranks": {rank: [block, ...]}}`` on rank 0 (its own share elsewhere)."""
+    from core.convert import _finished
+    from core.recipes.distill_attention import gather_blocks, train_stage1_blockwise, trainable_blocks
+    from core.surgery import linearize
+
+    spec = config.stage1
+    if not spec.enabled:
+        raise ConfigError("stage1.enabled is false: there is no attention transfer to run")
+    if spec.layers_per_block is None:
+        raise ConfigError("multi-device stage 1 is block-wise: set stage1.layers_per_block (for example 1, or the "
+                          "layer count divided by the number of devices)")
+    output = Path(output)
+    group = Group.start(config.model.device)
+    progress = progress or RankProgress(group.rank)
+    dumped = config.model_dump()
+    try:
+        model, train, val = _prepare(config, output, workspace, group.device, group.main, group.barrier)
+        linearize(model, config.attention.linearize_config())
+        blocks = sorted(trainable_blocks(model, spec.layers_per_block))
+        shares = {r: blocks[r :: group.world_size] for r in range(group.world_size)}
+        if _finished(output, "stage1", spec.steps):
+            progress.on_log(f"stage1: already finished in {output}")
+            return {"blocks": {}, "ranks": shares, "finished": True}
+        mine = shares[group.rank]
+        if group.main and group.world_size > len(blocks):
+            progress.on_log(f"stage1: {len(blocks)} trainable blocks for {group.world_size} processes; "
+                            f"{group.world_size - len(blocks)} process(es) stay idle")
+        result = {"blocks": {}}
+        if mine:
+            result = train_stage1_blockwise(model, spec, train, val, output, progress, config.seed, dumped, blocks=mine)
+        everyone = group.gather(result["blocks"])  # also waits until every block checkpoint is written
+        if group.main:
+            gather_blocks(model, output, spec.steps, dumped)
+            result = {"blocks": {name: r for part in everyone for name, r in part.items()}, "ranks": shares}
+            progress.on_log(f"stage1: {len(result['blocks'])} blocks from {group.world_size} process(es) gathered "
+                            f"into {output / 'stage1' / 'best'}")
+        group.barrier()  # nobody leaves before stage1/best exists
+        return result
+    finally:
+        group.close()  # no collective here: after an error in one process the others are stopped by the launcher
+
+
+def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str | os.PathLike | None = None,
+               progress: ProgressCallback | None = None) -> dict:
+    """Data-parallel LoRA fine-tuning of a run whose stage 1 is finished (or disabled).
+
+    One process (no launcher) runs the ordinary single-process loop; under ``accelerate launch``
+    or torchrun every process takes its share of each step's micro-batches."""
+    from accelerate import Accelerator
+
+    from core.convert import _finished
+    from core.recipes.finetune_lora import train_stage2, wrap_for_stage2
+    from core.recipes.loop import load_best
+    from core.surgery import linearize
+
+    spec = config.stage2
+    if not spec.enabled:
+        raise ConfigError("stage2.enabled is false: there is no LoRA fine-tuning to run")
+    output = Path(output)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = rank_device(config.model.device, int(os.environ.get("LOCAL_RANK", "0")))
+    if world > 1 and spec.grad_accum % world:
+        raise ConfigError(f"stage2.grad_accum ({spec.grad_accum}) must be a multiple of the number of processes "
+                          f"({world}): each process takes grad_accum / {world} micro-batches of every step")
+    accelerator = Accelerator(cpu=device == "cpu", mixed_precision="no")
+    rank = accelerator.process_index
+    progress = progress or RankProgress(rank)
+    main = accelerator.is_main_process
+    try:
+        model, train, val = _prepare(config, output, workspace, str(accelerator.device), main,
+                                     accelerator.wait_for_everyone)
+        linearize(model, config.attention.linearize_config())
+        if config.stage1.enabled:
+            if not _finished(output, "stage1", config.stage1.steps):
+                raise ConfigError(f"stage 1 is not finished in {output}; run `python -m core.distributed stage1` (or "
+                                  "`lolcats convert`) on this run folder first")
+            load_best(model, output, "stage1")
+        torch.manual_seed(config.seed)  # the same LoRA initialisation on every process
+        model = wrap_for_stage2(model, spec)
+        if _finished(output, "stage2", spec.steps):
+            progress.on_log(f"stage2: already finished in {output}")
+            return {"finished": True}
+        if accelerator.num_processes == 1:
+            return train_stage2(model, spec, train, val, output, progress, config.seed, config.model_dump())
+        parallel = DataParallel(accelerator)
+        wrapped = parallel.prepare(model)
+        progress.on_log(f"stage2: data-parallel over {parallel.world_size} processes "
+                        f"({accelerator.distributed_type.value}), {spec.grad_accum // parallel.world_size} "
+                        "micro-batches per process and step")
+        return train_stage2(model, spec, train, val, output, progress, config.seed, config.model_dump(),
+                            parallel=parallel, forward_model=wrapped)
+    finally:
+        if dist.is_initialized():  # no collective here: after an error the launcher stops the other processes
+            dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def _output(output: str, workspace: str | None) -> Path:
+    from core.cli import run_path
+
+    return run_path(output, Path(workspace) if workspace else None, "run")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m core.distributed",
+        description="Run one conversion stage across the processes of a torchrun / accelerate launch.")
+    parser.add_argument("stage", choices=["stage1", "stage2"])
+    parser.add_argument("--config", type=Path, default=None, help="YAML run config (sections as for lolcats convert)")
+    parser.add_argument("--preset", default=None, help="named preset (paper-8b, cpu-demo, tiny-test)")
+    parser.add_argument("--output", "-o", required=True, help="run folder (relative: under <workspace>/runs)")
+    parser.add_argument("--workspace", "-w", default=None, help="workspace (default: $LOLCATS_WORKSPACE or ./workspace)")
+    parser.add_argument("--result", type=Path, default=None, help="rank 0 also writes its result here as JSON")
+    args = parser.parse_args(argv)
+    from core.errors import USER_ERRORS
+
+    try:
+        if args.config is None and args.preset is None:
+            raise ConfigError("give --config CONFIG.yaml or --preset NAME")
+        config = load_config(args.config, args.preset)
+        output = _output(args.output, args.workspace)
+        run = run_stage1 if args.stage == "stage1" else run_stage2
+        result = run(config, output, args.workspace)
+    except StopRequested as exc:
+        print(f"stopped: {exc}", file=sys.stderr)
+        return 3
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.result is not None and int(os.environ.get("RANK", "0")) == 0:
+        args.result.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
