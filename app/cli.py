@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
 
 from core.cli import register as register_core
@@ -15,6 +18,25 @@ app = typer.Typer(
 )
 register_core(app)
 register_jobs(app)
+
+
+@app.command("app")
+def serve_app(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (127.0.0.1: this machine only)."),
+    port: int = typer.Option(8501, "--port", min=1, max=65535, help="Port of the web UI."),
+    workspace: Optional[Path] = typer.Option(None, "--workspace", "-w",
+                                             help="Workspace folder (default: $LOLCATS_WORKSPACE or ./workspace)."),
+    worker: bool = typer.Option(True, "--worker/--no-worker", help="Also start a job worker (default: yes)."),
+) -> None:
+    """Start the workbench: the web UI and a job worker, stopped together (Ctrl-C)."""
+    from app.server import AppError, serve
+
+    try:
+        code = serve(host, port, workspace, worker=worker, say=lambda m: typer.echo(m, err=True))
+    except AppError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -1,0 +1,93 @@
+"""Reading benchmark job reports defensively (any field may be missing or renamed).
+
+A report is the JSON a ``benchmark`` job writes: ``points`` = one row per model and point with
+``model`` (teacher / student), ``batch_size``, ``prompt_length`` (the context length),
+``gen_length``, ``tokens_per_second``, ``decode_tokens_per_second``, ``prefill_tokens_per_second``,
+``peak_memory_bytes`` and ``status`` (``ok`` / ``oom``). :func:`normalise` maps every row to those
+names (accepting common alternatives) and drops what cannot be read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+METRICS = ("tokens_per_second", "decode_tokens_per_second", "prefill_tokens_per_second", "peak_memory_bytes",
+           "time_to_first_token_s")
+_ALIASES = {
+    "model": ("model", "variant", "name", "which"),
+    "batch_size": ("batch_size", "batch", "bs"),
+    "context_length": ("prompt_length", "context_length", "context", "seq_len", "prompt_len", "input_length"),
+    "gen_length": ("gen_length", "output_length", "max_new_tokens", "gen_len"),
+}
+
+
+def _first(row: dict, names: tuple[str, ...]) -> Any:
+    for n in names:
+        if row.get(n) is not None:
+            return row[n]
+    return None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def raw_points(report: Any) -> list:
+    if not isinstance(report, dict):
+        return []
+    pts = report.get("points")
+    if pts is None and isinstance(report.get("result"), dict):
+        pts = report["result"].get("points")
+    return pts if isinstance(pts, list) else []
+
+
+def normalise(report: Any) -> list[dict[str, Any]]:
+    """The report's points with uniform keys; rows without a model, batch size or context are dropped."""
+    out = []
+    for row in raw_points(report):
+        if not isinstance(row, dict):
+            continue
+        model = _first(row, _ALIASES["model"])
+        model = str(model).strip().lower() if model is not None else None
+        batch = _int(_first(row, _ALIASES["batch_size"]))
+        context = _int(_first(row, _ALIASES["context_length"]))
+        if model is None or batch is None or context is None:
+            continue
+        status = str(row.get("status") or "ok").strip().lower()
+        point = {"model": model, "batch_size": batch, "context_length": context,
+                 "gen_length": _int(_first(row, _ALIASES["gen_length"])),
+                 "status": "oom" if "oom" in status or "memory" in status else status,
+                 "error": row.get("error")}
+        for metric in METRICS:
+            point[metric] = _number(row.get(metric))
+        if point["status"] == "ok" and all(point[m] is None for m in METRICS):
+            point["status"] = "no data"
+        out.append(point)
+    return out
+
+
+def native_figures(report: Any) -> dict[str, Any] | None:
+    """``core.bench.figures(report)`` when that module is available and accepts the report, else None."""
+    try:
+        from core.bench import figures
+    except Exception:  # noqa: BLE001 - any import problem: fall back to the workbench's own charts
+        return None
+    try:
+        figs = figures(report)
+    except Exception:  # noqa: BLE001 - a report of another shape
+        return None
+    return figs if isinstance(figs, dict) and figs else None

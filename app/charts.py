@@ -1,0 +1,213 @@
+"""Plotly figures of the workbench (pure functions of plain data; no Streamlit, no torch).
+
+Heatmaps follow the bertviz / CircuitsVis conventions: rows are queries, columns are keys, the
+causal upper triangle is masked (left blank), tokens label both axes, teacher / student /
+difference share one colour scale, and a log scale keeps attention sinks from washing out the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+TEMPLATE = "plotly_white"
+LOG_FLOOR = 1e-6  # weights below this are drawn at the floor of the log scale
+COLORS = {"teacher": "#1f77b4", "student": "#d62728"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers
+# ----------------------------------------------------------------------------------------------
+
+
+def layer_curves(rows: Sequence[dict], *, log_y: bool = True, title: str = "Per-layer attention MSE") -> go.Figure:
+    """One line per layer: ``rows`` are dicts with ``layer``, ``step``, ``value`` (and ``stage``)."""
+    fig = go.Figure()
+    layers = sorted({r["layer"] for r in rows})
+    n = max(len(layers), 1)
+    for i, layer in enumerate(layers):
+        pts = sorted((r for r in rows if r["layer"] == layer), key=lambda r: r["step"])
+        fig.add_trace(go.Scatter(
+            x=[p["step"] for p in pts], y=[p["value"] for p in pts], mode="lines+markers", name=f"layer {layer}",
+            line={"color": _ramp(i / max(n - 1, 1))}, marker={"size": 5},
+            hovertemplate=f"layer {layer}<br>step %{{x}}<br>MSE %{{y:.3g}}<extra></extra>",
+        ))
+    fig.update_layout(title=title, template=TEMPLATE, xaxis_title="training step", yaxis_title="attention-output MSE",
+                      legend_title_text="layer", height=420, margin={"t": 60, "b": 40})
+    _integer_steps(fig, [r["step"] for r in rows])
+    if log_y:
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def _integer_steps(fig: go.Figure, steps: Iterable[int]) -> None:
+    """Steps are whole numbers: with few of them, tick exactly those (no 2.5)."""
+    distinct = sorted(set(steps))
+    if 0 < len(distinct) <= 12:
+        fig.update_xaxes(tickmode="array", tickvals=distinct)
+    else:
+        fig.update_xaxes(tickformat="d")
+
+
+def stage_curves(series: dict[str, Sequence[tuple[int, float]]], *, title: str, y_title: str,
+                 log_y: bool = False) -> go.Figure:
+    """Named ``(step, value)`` series on one chart (loss, validation loss, ...)."""
+    fig = go.Figure()
+    for name, pts in series.items():
+        pts = sorted(pts)
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name,
+                                 marker={"size": 5}))
+    fig.update_layout(title=title, template=TEMPLATE, xaxis_title="step", yaxis_title=y_title, height=360,
+                      margin={"t": 60, "b": 40})
+    _integer_steps(fig, [p[0] for pts in series.values() for p in pts])
+    if log_y:
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def layer_bars(per_job: dict[str, Sequence[float]], softmax_layers: dict[str, Iterable[int]] | None = None, *,
+               log_y: bool = True) -> go.Figure:
+    """Final per-layer MSE (``report.json`` ``per_layer_mse``), grouped bars, one colour per job."""
+    fig = go.Figure()
+    for name, values in per_job.items():
+        kept = set((softmax_layers or {}).get(name, ()))
+        text = ["softmax" if i in kept else "" for i in range(len(values))]
+        fig.add_trace(go.Bar(x=list(range(len(values))), y=[v if v and v > 0 else None for v in values], name=name,
+                             text=text, hovertemplate="layer %{x}<br>MSE %{y:.3g}<extra>" + name + "</extra>"))
+    fig.update_layout(title="Final per-layer attention MSE (held-out text)", template=TEMPLATE, barmode="group",
+                      xaxis_title="layer", yaxis_title="attention-output MSE", height=400, margin={"t": 60, "b": 40})
+    fig.update_xaxes(dtick=1 if max((len(v) for v in per_job.values()), default=0) <= 32 else None)
+    if log_y:
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def _ramp(t: float) -> str:
+    """Colour of layer position ``t`` in [0, 1] (early layers blue, late layers red)."""
+    import plotly.colors as pc
+
+    return pc.sample_colorscale("Turbo", [0.1 + 0.8 * t])[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention heatmaps
+# ----------------------------------------------------------------------------------------------
+
+
+def token_labels(tokens: Sequence[str]) -> list[str]:
+    """Readable, unique axis labels (plotly merges equal category names): ``3 ␣the``."""
+    out = []
+    for i, tok in enumerate(tokens):
+        t = str(tok).replace("Ġ", "␣").replace("▁", "␣").replace("Ċ", "\\n").replace("\n", "\\n")
+        out.append(f"{i} {t}")
+    return out
+
+
+def causal(matrix: np.ndarray) -> np.ndarray:
+    """Copy of an ``[L, L]`` matrix with the upper triangle (future keys) set to NaN (drawn blank)."""
+    m = np.array(matrix, dtype=float)
+    m[np.triu_indices(m.shape[0], k=1)] = np.nan
+    return m
+
+
+def _scaled(m: np.ndarray, log: bool) -> np.ndarray:
+    return np.log10(np.clip(m, LOG_FLOOR, None)) if log else m
+
+
+def attention_heatmaps(teacher: np.ndarray, student: np.ndarray, tokens: Sequence[str], *, log: bool = False,
+                       title: str = "") -> go.Figure:
+    """Teacher, student and |difference| of one head (``[L, L]`` each) on one shared colour scale."""
+    diff = np.abs(student - teacher)
+    mats = [causal(teacher), causal(student), causal(diff)]
+    if log:
+        zmin, zmax = math.log10(LOG_FLOOR), 0.0
+    else:
+        zmin, zmax = 0.0, float(np.nanmax([np.nanmax(m) for m in mats]) or 1.0)
+    labels = token_labels(tokens)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=["teacher (softmax)", "student (LoLCATs)",
+                                                       "|student − teacher|"], horizontal_spacing=0.06)
+    for col, m in enumerate(mats, start=1):
+        fig.add_trace(go.Heatmap(
+            z=_scaled(m, log), x=labels, y=labels, coloraxis="coloraxis",
+            customdata=m, hovertemplate="query %{y}<br>key %{x}<br>weight %{customdata:.4f}<extra></extra>",
+        ), row=1, col=col)
+    fig.update_yaxes(autorange="reversed", title_text="query", row=1, col=1)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title_text="key", tickangle=-60)
+    fig.update_layout(
+        title=title, template=TEMPLATE, height=min(max(460, 14 * len(labels) + 200), 820), margin={"t": 80, "b": 40},
+        coloraxis={"colorscale": "Viridis", "cmin": zmin, "cmax": zmax,
+                   "colorbar": {"title": {"text": "log10 weight" if log else "weight"}}},
+    )
+    return fig
+
+
+def head_grid(maps: np.ndarray, *, log: bool = False, title: str = "", cols: int = 4) -> go.Figure:
+    """Small multiples: one ``[L, L]`` map per head (``maps`` is ``[H, L, L]``), one colour scale."""
+    heads = maps.shape[0]
+    rows = math.ceil(heads / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h}" for h in range(heads)],
+                        horizontal_spacing=0.03, vertical_spacing=0.08)
+    if log:
+        zmin, zmax = math.log10(LOG_FLOOR), 0.0
+    else:
+        zmin, zmax = 0.0, float(np.max(maps)) or 1.0
+    for h in range(heads):
+        fig.add_trace(go.Heatmap(z=_scaled(causal(maps[h]), log), coloraxis="coloraxis",
+                                 hovertemplate=f"head {h}<br>query %{{y}}<br>key %{{x}}<br>%{{z:.4f}}<extra></extra>"),
+                      row=h // cols + 1, col=h % cols + 1)
+    fig.update_yaxes(autorange="reversed", showticklabels=False)
+    fig.update_xaxes(showticklabels=False)
+    fig.update_layout(title=title, template=TEMPLATE, height=230 * rows + 80, margin={"t": 80, "b": 20},
+                      coloraxis={"colorscale": "Viridis", "cmin": zmin, "cmax": zmax})
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Throughput
+# ----------------------------------------------------------------------------------------------
+
+THROUGHPUT_METRICS = {
+    "tokens_per_second": "tokens/s (prefill + decode)",
+    "decode_tokens_per_second": "decode tokens/s",
+    "prefill_tokens_per_second": "prefill tokens/s",
+    "peak_memory_bytes": "peak memory (MiB)",
+}
+
+
+def throughput_figure(points: Sequence[dict[str, Any]], x: str, metric: str) -> go.Figure:
+    """``metric`` against ``x`` (``batch_size`` or ``context_length``), teacher vs student.
+
+    ``points`` are normalised benchmark points (:func:`app.bench_results.normalise`): one line per
+    model and per combination of the other factors; points that ran out of memory are left out
+    (the page lists them)."""
+    fig = go.Figure()
+    others = [k for k in ("batch_size", "context_length", "gen_length") if k != x]
+    groups: dict[tuple, list[dict]] = {}
+    for p in points:
+        groups.setdefault(tuple(p.get(k) for k in others), []).append(p)
+    varied = {k: v for k, v in groups.items() if len({p.get(x) for p in v}) > 1} or groups
+    dashes = ["solid", "dash", "dot", "dashdot"]
+    scale = 1024**2 if metric.endswith("_bytes") else 1.0
+    for gi, (key, pts) in enumerate(sorted(varied.items(), key=lambda kv: str(kv[0]))):
+        fixed = ", ".join(f"{k.split('_')[0]}={v}" for k, v in zip(others, key) if v is not None)
+        for model in ("teacher", "student"):
+            ok = sorted((p for p in pts if p.get("model") == model and p.get("status") == "ok"
+                         and isinstance(p.get(metric), (int, float)) and p.get(x) is not None), key=lambda p: p[x])
+            if not ok:
+                continue
+            fig.add_trace(go.Scatter(
+                x=[p[x] for p in ok], y=[p[metric] / scale for p in ok], mode="lines+markers",
+                name=f"{model} ({fixed})" if fixed else model,
+                line={"color": COLORS[model], "dash": dashes[gi % len(dashes)]},
+            ))
+    label = {"batch_size": "batch size", "context_length": "context length (prompt tokens)"}[x]
+    fig.update_layout(title=f"{THROUGHPUT_METRICS.get(metric, metric)} vs {label}", template=TEMPLATE,
+                      xaxis_title=label, yaxis_title=THROUGHPUT_METRICS.get(metric, metric), height=380,
+                      margin={"t": 60, "b": 40})
+    fig.update_xaxes(type="log", dtick=math.log10(2))
+    return fig

@@ -1,0 +1,317 @@
+"""What every workbench page shares: the workspace, the job database, job lists, loaded models.
+
+Pages read the job database through :mod:`jobs.api` (plain records) and artifact files in run
+folders; they submit jobs and never train. The only heavy work in the UI process is chat
+generation and heatmaps of short prompts, both on a finished conversion loaded once per process
+(:func:`loaded_model`) and guarded by a lock, because teacher and student share one model object.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from core.workspace import workspace_root
+from jobs import api
+from jobs.db import open_db
+from jobs.errors import JobsError
+from jobs.records import JobInfo, MetricPoint
+
+CONVERT = "convert"  # job kind of a conversion (core.convert.run_convert)
+BENCHMARK = "benchmark"  # job kind of a throughput benchmark (core.bench.run_benchmark)
+DEMO_PRESET = "cpu-demo"  # the conversion the empty states offer to launch
+ACTIVE = ("queued", "running")
+REFRESH_S = 2.0  # auto-refresh period of live views
+
+PAGES = {  # page scripts, relative to app/streamlit_app.py
+    "launch": "views/launch.py",
+    "jobs": "views/jobs.py",
+    "layers": "views/layers.py",
+    "attention": "views/attention.py",
+    "throughput": "views/throughput.py",
+    "chat": "views/chat.py",
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Workspace and database
+# ----------------------------------------------------------------------------------------------
+
+
+@st.cache_resource(show_spinner=False)
+def _database(root: str):
+    return open_db(root)  # creates the schema on first open
+
+
+def workspace() -> Path:
+    """The workspace folder (``LOLCATS_WORKSPACE``, else ``./workspace``); its database is opened once."""
+    root = workspace_root(None)
+    _database(str(root))
+    return root
+
+
+def ws() -> dict[str, Any]:
+    """Keyword arguments for every :mod:`jobs.api` call."""
+    return {"workspace": workspace()}
+
+
+def list_jobs(kind: str | None = None, status: str | tuple[str, ...] | None = None, limit: int = 200) -> list[JobInfo]:
+    return api.list_jobs(kind=kind, status=status, limit=limit, **ws())
+
+
+STATUS_STYLE = {  # Material icon and colour of each job status
+    "queued": (":material/schedule:", "gray"), "running": (":material/autorenew:", "blue"),
+    "succeeded": (":material/check_circle:", "green"), "failed": (":material/error:", "red"),
+    "cancelled": (":material/cancel:", "orange"), "interrupted": (":material/warning:", "orange"),
+}
+
+
+def job_label(job: JobInfo) -> str:
+    """Label of a job in select boxes (no status: a select box does not refresh its labels)."""
+    name = f" {job.name}" if job.name else ""
+    return f"#{job.id}{name} · {job.kind} · {local_time(job.created_at)}"
+
+
+def status_badge(status: str) -> str:
+    """Markdown of a coloured status with its icon."""
+    icon, colour = STATUS_STYLE.get(status, (":material/help:", "gray"))
+    return f":{colour}[{icon} {status}]"
+
+
+def finished_conversions() -> list[JobInfo]:
+    """Succeeded conversions whose run folder still holds a loadable model, newest first."""
+    out = []
+    for job in list_jobs(kind=CONVERT, status="succeeded"):
+        d = job.run_dir
+        if d and (d / "config.json").is_file() and ((d / "stage1").exists() or (d / "stage2").exists()):
+            out.append(job)
+    return out
+
+
+def submit_demo() -> JobInfo:
+    """Queue the demo conversion (preset ``cpu-demo``: the bundled model, about 10 minutes on 2 CPU cores)."""
+    from core.config import preset
+
+    return api.submit_job(CONVERT, preset(DEMO_PRESET).model_dump(), name=DEMO_PRESET, **ws())
+
+
+def demo_button(key: str) -> None:
+    """The empty-state call to action: launch the demo conversion, then watch it on the Jobs page."""
+    if st.button(f"Launch the demo conversion ({DEMO_PRESET})", key=key, type="primary",
+                 help="SmolLM2-135M-Instruct (bundled, no download) on GSM8K, short stages: about 10 minutes "
+                      "on 2 CPU cores."):
+        try:
+            job = submit_demo()
+        except (JobsError, ValueError) as exc:
+            st.error(str(exc))
+        else:
+            st.session_state["flash"] = f"Queued the demo conversion as job #{job.id}."
+            st.switch_page(PAGES["jobs"])
+
+
+def show_flash() -> None:
+    """A one-shot message left by the previous page (e.g. after a redirect)."""
+    message = st.session_state.pop("flash", None)
+    if message:
+        st.success(message)
+
+
+def no_conversion_notice(what: str, key: str) -> None:
+    """Empty state of the pages that need a finished conversion."""
+    running = [j for j in list_jobs(kind=CONVERT, status=ACTIVE)]
+    if running:
+        st.info(f"{what} needs a finished conversion. Job #{running[0].id} is {running[0].status}: this page "
+                "lists it as soon as it succeeds.")
+        st.page_link(PAGES["jobs"], label="Watch it on the Jobs page", icon=":material/list:")
+        return
+    st.info(f"{what} needs a finished conversion, and there is none yet. Launch one on the Launch page, or "
+            "start the demo conversion now.")
+    cols = st.columns([1, 1, 2])
+    with cols[0]:
+        demo_button(key)
+    with cols[1]:
+        st.page_link(PAGES["launch"], label="Configure a conversion", icon=":material/rocket_launch:")
+
+
+def worker_hint(jobs: list[JobInfo]) -> None:
+    """Warn when jobs wait in the queue and nothing runs: most likely no worker is started."""
+    now = utcnow()
+    waiting = [j for j in jobs if j.status == "queued" and (now - j.created_at).total_seconds() > 15]
+    if waiting and not any(j.status == "running" for j in jobs):
+        st.warning(f"Job #{waiting[-1].id} has been queued for {fmt_duration((now - waiting[-1].created_at).total_seconds())} "
+                   "and nothing is running: is a worker started? `lolcats app` starts one; otherwise run "
+                   "`lolcats worker` in another terminal.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Formatting
+# ----------------------------------------------------------------------------------------------
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def local_time(dt: datetime | None) -> str:
+    if dt is None:
+        return ""
+    return dt.replace(tzinfo=timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return ""
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h {m:02d}m" if h else (f"{m}m {s:02d}s" if m else f"{s}s")
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def fmt_number(value: float | None, digits: int = 4) -> str:
+    if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "n/a"
+    return f"{value:.{digits}g}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Progress
+# ----------------------------------------------------------------------------------------------
+
+
+def latest_attempt(points: list[MetricPoint]) -> list[MetricPoint]:
+    """Metric rows with, for every (stage, step, layer, name), only the newest value (resumes
+    repeat steps after the last checkpoint)."""
+    newest: dict[tuple, MetricPoint] = {}
+    for p in points:
+        key = (p.stage, p.step, p.layer, p.name)
+        if key not in newest or p.id > newest[key].id:
+            newest[key] = p
+    return sorted(newest.values(), key=lambda p: p.id)
+
+
+def stage_eta(job: JobInfo, points: list[MetricPoint]) -> float | None:
+    """Seconds left in the running stage, from the pace of its steps so far (None if unknown)."""
+    if job.status != "running" or not job.progress_total or job.progress_step is None:
+        return None
+    rows = [p for p in points if p.stage == job.progress_stage and p.attempt == job.attempt]
+    if not rows:
+        return None
+    steps: dict[int, datetime] = {}
+    for p in rows:
+        steps.setdefault(p.step, p.time)
+    ordered = sorted(steps.items())
+    (s0, t0), (s1, t1) = ordered[0], ordered[-1]
+    if s1 > s0:
+        per_step = (t1 - t0).total_seconds() / (s1 - s0)
+    elif job.started_at is not None:
+        per_step = (t1 - job.started_at).total_seconds() / max(s1, 1)
+    else:
+        return None
+    left = max(job.progress_total - job.progress_step, 0) * per_step
+    since_last = (utcnow() - t1).total_seconds()
+    return max(left - since_last, 0.0)
+
+
+STAGE_NAMES = {  # progress stages of a conversion (core.convert) and a benchmark (core.bench)
+    "teacher_eval": "teacher perplexity", "stage1": "stage 1: attention transfer", "stage2": "stage 2: LoRA",
+    "student_eval": "student perplexity", "student_val": "student validation", "bench": "benchmark",
+}
+
+
+def stage_name(stage: str | None) -> str:
+    return STAGE_NAMES.get(stage, stage) if stage else ""
+
+
+def progress_fraction(job: JobInfo) -> float | None:
+    if job.status == "succeeded":
+        return 1.0
+    if job.progress_step is None or not job.progress_total:
+        return None
+    return min(max(job.progress_step / job.progress_total, 0.0), 1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reports
+# ----------------------------------------------------------------------------------------------
+
+
+def report(job: JobInfo) -> dict | None:
+    """The job's report (result column or ``report.json``), or None; never raises on a bad file."""
+    if job.result is not None:
+        return job.result
+    path = job.run_dir / "report.json" if job.run_dir else None
+    if path and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Converted models (chat and heatmaps)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    info: dict
+    lock: threading.Lock  # teacher_context switches the shared model: one user of it at a time
+
+    @property
+    def config(self) -> dict:
+        return self.info.get("config", {})
+
+
+@st.cache_resource(show_spinner="Loading the converted model (once per workbench process)...", max_entries=2)
+def _load(run_dir: str, stamp: float, root: str) -> LoadedModel:
+    from core.runs import load_converted
+
+    model, tokenizer, info = load_converted(run_dir, workspace=root)
+    return LoadedModel(model, tokenizer, info, threading.Lock())
+
+
+def loaded_model(job: JobInfo) -> LoadedModel:
+    """The finished conversion of ``job``, loaded once per process (reloaded if its report changes)."""
+    report_file = job.run_dir / "report.json"
+    stamp = report_file.stat().st_mtime if report_file.exists() else 0.0
+    return _load(str(job.run_dir), stamp, str(workspace()))
+
+
+def conversion_picker(jobs: list[JobInfo], key: str) -> JobInfo:
+    """Select box over finished conversions; the choice is shared by the Chat and Attention pages."""
+    ids = [j.id for j in jobs]
+    chosen = st.session_state.get("conversion")
+    index = ids.index(chosen) if chosen in ids else 0
+    by_id = {j.id: j for j in jobs}
+    job_id = st.selectbox("Conversion", ids, index=index, key=key,
+                          format_func=lambda i: _conversion_label(by_id[i]))
+    st.session_state["conversion"] = job_id
+    return by_id[job_id]
+
+
+def _conversion_label(job: JobInfo) -> str:
+    cfg = job.config
+    model = cfg.get("model", {}).get("source", "?")
+    attn = cfg.get("attention", {})
+    return f"#{job.id} {job.name or ''} · {model} · {attn.get('kind', '?')}/{attn.get('feature_map', '?')}".replace("  ", " ")

@@ -1,0 +1,161 @@
+"""Launch form <-> ConvertConfig, without Streamlit (so it is testable on its own).
+
+The form edits a subset of the config (the fields a person changes most); every other field keeps
+the value of the chosen preset. :func:`validate` builds the :class:`core.config.ConvertConfig` and
+returns every problem as ``(field, message)``, so the page can show each one next to the form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from core.config import PRESETS, ConvertConfig
+
+RECIPE = "paper recipe (defaults)"
+MODEL_CHOICES = {
+    "bundled": "Bundled SmolLM2-135M-Instruct (no download)",
+    "tiny": "Tiny random Llama (seconds; for smoke tests)",
+    "hub": "Hugging Face hub id",
+    "local": "Local folder or .gguf file",
+}
+BUNDLED_MODEL = "smollm2-135m-instruct"
+TINY_MODEL = "tiny-random-llama"
+DATA_CHOICES = {
+    "gsm8k": "GSM8K test pairs (bundled, instructions)",
+    "kjv-sample": "King James Version sample (bundled, plain text)",
+    "hub": "Hugging Face dataset id",
+    "local": "Local json / jsonl / parquet / txt file",
+}
+ATTENTION_KINDS = ("terraced", "sliding_window", "linear")
+FEATURE_MAPS = ("hedgehog", "t2r")
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def preset_names() -> list[str]:
+    return [RECIPE, *PRESETS]
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    """The full config dict of a preset (recipe defaults filled in)."""
+    overrides = {} if name == RECIPE else PRESETS[name]
+    return ConvertConfig.model_validate(overrides).model_dump()
+
+
+def _model_choice(source: str) -> tuple[str, str]:
+    if source.lower() == BUNDLED_MODEL:
+        return "bundled", ""
+    if source.lower() == TINY_MODEL:
+        return "tiny", ""
+    looks_local = source.startswith((".", "/", "~")) or source.endswith(".gguf") or source.count("/") != 1
+    return ("local" if looks_local else "hub"), source
+
+
+def _data_choice(source: str) -> tuple[str, str]:
+    if source in ("gsm8k", "gsm8k-test"):
+        return "gsm8k", ""
+    if source in ("kjv", "kjv-sample"):
+        return "kjv-sample", ""
+    looks_local = source.startswith((".", "/", "~")) or "." in source.rsplit("/", 1)[-1]
+    return ("local" if looks_local else "hub"), source
+
+
+def form_values(config: dict[str, Any]) -> dict[str, Any]:
+    """Widget values (keyed like the form's widgets) showing ``config``."""
+    m, d, a, s1, s2 = (config[k] for k in ("model", "data", "attention", "stage1", "stage2"))
+    model_choice, model_path = _model_choice(m["source"])
+    data_choice, data_path = _data_choice(d["source"])
+    return {
+        "model_choice": model_choice, "model_path": model_path, "dtype": m["dtype"], "device": m["device"],
+        "data_choice": data_choice, "data_path": data_path, "data_format": d["format"], "seq_len": d["seq_len"],
+        "max_examples": d["max_examples"] or 0, "val_examples": d["val_examples"],
+        "attention_kind": a["kind"], "feature_map": a["feature_map"], "feature_dim": a["feature_dim"],
+        "window_size": a["window_size"], "softmax_layers": ", ".join(str(i) for i in a["softmax_layers"]),
+        "stage1_enabled": s1["enabled"], "stage1_steps": s1["steps"], "stage1_lr": f"{s1['lr']:g}",
+        "stage1_grad_accum": s1["grad_accum"], "stage1_eval_every": s1["eval_every"],
+        "stage2_enabled": s2["enabled"], "stage2_steps": s2["steps"], "stage2_lr": f"{s2['lr']:g}",
+        "stage2_grad_accum": s2["grad_accum"], "stage2_rank": s2["rank"], "stage2_eval_every": s2["eval_every"],
+    }
+
+
+def _float(text: Any, field: str, problems: list[tuple[str, str]]) -> Any:
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        problems.append((field, f"must be a number such as 1e-3, got {text!r}"))
+        return None
+    return value  # nan / inf pass through: the config rejects them with its own message
+
+
+def _layers(text: str, problems: list[tuple[str, str]]) -> list[int] | None:
+    parts = [p for p in str(text).replace(";", ",").replace(" ", ",").split(",") if p]
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        problems.append(("attention.softmax_layers",
+                         f"must be layer numbers separated by commas, such as 0, 15; got {text!r}"))
+        return None
+
+
+def build(preset: str, values: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Merge the form ``values`` into the preset; returns ``(config dict, parse problems)``."""
+    problems: list[tuple[str, str]] = []
+    choice = values["model_choice"]
+    if choice == "bundled":
+        model_source = BUNDLED_MODEL
+    elif choice == "tiny":
+        model_source = TINY_MODEL
+    else:
+        model_source = str(values.get("model_path") or "").strip()
+        if not model_source:
+            what = "a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct" if choice == "hub" else "a folder path"
+            problems.append(("model.source", f"enter {what}, or pick the bundled model"))
+    data_choice = values["data_choice"]
+    if data_choice in ("gsm8k", "kjv-sample"):
+        data_source = data_choice
+    else:
+        data_source = str(values.get("data_path") or "").strip()
+        if not data_source:
+            problems.append(("data.source", "enter a dataset id or a file path, or pick a bundled dataset"))
+    layers = _layers(values["softmax_layers"], problems)
+    form = {
+        "model": {"source": model_source or BUNDLED_MODEL, "dtype": values["dtype"], "device": values["device"]},
+        "data": {"source": data_source or "gsm8k", "format": values["data_format"],
+                 "seq_len": int(values["seq_len"]), "val_examples": int(values["val_examples"]),
+                 "max_examples": int(values["max_examples"]) or None},
+        "attention": {"kind": values["attention_kind"], "feature_map": values["feature_map"],
+                      "feature_dim": int(values["feature_dim"]), "window_size": int(values["window_size"]),
+                      **({"softmax_layers": layers} if layers is not None else {})},
+        "stage1": {"enabled": bool(values["stage1_enabled"]), "steps": int(values["stage1_steps"]),
+                   "grad_accum": int(values["stage1_grad_accum"]), "eval_every": int(values["stage1_eval_every"])},
+        "stage2": {"enabled": bool(values["stage2_enabled"]), "steps": int(values["stage2_steps"]),
+                   "grad_accum": int(values["stage2_grad_accum"]), "rank": int(values["stage2_rank"]),
+                   "eval_every": int(values["stage2_eval_every"])},
+    }
+    for stage in ("stage1", "stage2"):
+        lr = _float(values[f"{stage}_lr"], f"{stage}.lr", problems)
+        if lr is not None:
+            form[stage]["lr"] = lr
+    return _merge(preset_config(preset), form), problems
+
+
+def validate(config: dict[str, Any]) -> tuple[ConvertConfig | None, list[tuple[str, str]]]:
+    """The validated config, or None and every problem as ``(dotted field, message)``."""
+    try:
+        return ConvertConfig.model_validate(config), []
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "config"
+            message = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                message = "unknown field"
+            problems.append((field, message))
+        return None, problems

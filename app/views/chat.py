@@ -1,0 +1,130 @@
+"""Chat: the same message answered by the teacher (original softmax attention) and the student
+(LoLCATs attention) of a finished conversion, side by side, with speed and memory per answer.
+
+Works while a conversion runs: it reads the finished run folder and never touches the worker.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import common, generation
+
+WHO = {"teacher": "Teacher · softmax attention", "student": "Student · LoLCATs attention"}
+AVATAR = {"teacher": ":material/school:", "student": ":material/bolt:"}
+MEMORY_LABEL = {"teacher": "KV cache", "student": "state + window cache"}
+
+
+def _stats(who: str, a: dict) -> str:
+    if a.get("error"):
+        return ""
+    parts = [f"{a['new_tokens']} tokens in {a['seconds']:.2f} s"]
+    if a["new_tokens"] and a["seconds"] > 0:
+        parts.append(f"{a['new_tokens'] / a['seconds']:.1f} tok/s")
+    if a.get("first_token_s") is not None:
+        parts.append(f"first token after {a['first_token_s']:.2f} s")
+    if a.get("cache_bytes") is not None:
+        parts.append(f"{MEMORY_LABEL[who]} {common.fmt_bytes(a['cache_bytes'])}")
+    if a.get("peak_cuda_bytes") is not None:
+        parts.append(f"peak GPU memory {common.fmt_bytes(a['peak_cuda_bytes'])}")
+    return " · ".join(parts)
+
+
+def _show_answer(who: str, a: dict) -> None:
+    with st.chat_message("assistant", avatar=AVATAR[who]):
+        st.markdown(f"**{WHO[who]}**")
+        if a.get("error"):
+            st.error(f"Generation failed: {a['error']}")
+        else:
+            st.markdown(a["text"].strip() or "_(empty answer: only whitespace or special tokens)_")
+            st.caption(_stats(who, a))
+
+
+def _show_exchange(ex: dict) -> None:
+    with st.chat_message("user"):
+        st.markdown(ex["message"])
+    if ex.get("notice"):
+        st.warning(ex["notice"], icon=":material/content_cut:")
+    cols = st.columns(2)
+    for col, who in zip(cols, ("teacher", "student")):
+        with col:
+            _show_answer(who, ex[who])
+
+
+def _settings(limit: int | None) -> tuple[generation.Settings, int]:
+    with st.expander("Generation settings", expanded=False):
+        c1, c2, c3, c4 = st.columns(4)
+        max_new = c1.number_input("Max new tokens", min_value=1, max_value=2048, value=64, step=16, key="chat_max_new")
+        temperature = c2.slider("Temperature", 0.0, 2.0, 0.0, 0.05, key="chat_temperature",
+                                help="0 = greedy (the same answer every time)")
+        top_p = c3.slider("Top-p", 0.05, 1.0, 0.9, 0.05, key="chat_top_p", help="used when temperature > 0")
+        top = limit or 4096
+        context = c4.number_input("Context (tokens)", min_value=16, max_value=top, value=top, step=256,
+                                  key="chat_context", help="the model's maximum positions; longer prompts are "
+                                                           "truncated with a notice")
+        st.caption("Both answers use the same settings and seed. Each message is answered on its own (no "
+                   "conversation memory), so both models see exactly the same prompt. They are generated one after "
+                   "the other on the same weights: the teacher is the converted model with its original attention "
+                   "and LoRA off.")
+    return generation.Settings(int(max_new), float(temperature), float(top_p)), int(context)
+
+
+def _answer_live(lm, prepared, who: str, settings) -> dict:
+    answer = generation.Answer()
+    with st.chat_message("assistant", avatar=AVATAR[who]):
+        st.markdown(f"**{WHO[who]}**")
+        slot = st.empty()
+        slot.markdown("_waiting for the model..._")
+        for text in generation.stream_answer(lm, prepared, teacher=who == "teacher", settings=settings, answer=answer):
+            slot.markdown(text + " ▌")
+        a = answer.to_dict()
+        if a.get("error"):
+            slot.error(f"Generation failed: {a['error']}")
+        else:
+            slot.markdown(a["text"].strip() or "_(empty answer: only whitespace or special tokens)_")
+            st.caption(_stats(who, a))
+    return a
+
+
+def main() -> None:
+    st.title("Chat")
+    st.caption("One message, two answers: the original model (teacher) and its linearized version (student).")
+    jobs = common.finished_conversions()
+    if not jobs:
+        common.no_conversion_notice("Chat", "chat_demo")
+        return
+    job = common.conversion_picker(jobs, "chat_conversion")
+    try:
+        lm = common.loaded_model(job)
+    except Exception as exc:  # noqa: BLE001 - a run folder that cannot be loaded: say why
+        st.error(f"Could not load conversion #{job.id} from {job.run_dir}: {exc}")
+        return
+    settings, context = _settings(generation.context_limit(lm.model))
+    history = st.session_state.setdefault("chat_history", {}).setdefault(str(job.run_dir), [])
+    if history and st.button("Clear the conversation", key="chat_clear", icon=":material/delete:"):
+        history.clear()
+    for ex in history:
+        _show_exchange(ex)
+    message = st.chat_input("Message both models", key="chat_input")
+    if not message:
+        if not history:
+            st.info("Type a message below: the teacher answers first, then the student, token by token.")
+        return
+    with st.chat_message("user"):
+        st.markdown(message)
+    try:
+        prepared = generation.prepare_prompt(lm.tokenizer, message, context, settings.max_new_tokens)
+    except ValueError as exc:
+        st.error(str(exc))
+        return
+    if prepared.notice:
+        st.warning(prepared.notice, icon=":material/content_cut:")
+    exchange = {"message": message, "notice": prepared.notice, "prompt_tokens": prepared.prompt_tokens}
+    cols = st.columns(2)
+    for col, who in zip(cols, ("teacher", "student")):
+        with col:
+            exchange[who] = _answer_live(lm, prepared, who, settings)
+    history.append(exchange)
+
+
+main()

@@ -1,0 +1,178 @@
+"""Jobs: every job with its live state (from the database, so a reload or a second browser shows the
+same thing), cancel and resume, logs, and the error that ended a job."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from app import common
+from jobs import api
+from jobs.errors import JobsError
+from jobs.records import JobInfo
+
+
+def _note(job: JobInfo) -> str:
+    text = job.error or job.status_reason or ("cancel requested" if job.cancel_requested and not job.is_terminal else "")
+    text = (text or "").strip().splitlines()[0] if text else ""
+    return text[:160] + ("..." if len(text) > 160 else "")
+
+
+def _table(jobs: list[JobInfo]) -> pd.DataFrame:
+    rows = []
+    for j in jobs:
+        eta = None
+        if j.status == "running":
+            eta = common.stage_eta(j, api.job_metrics(j.id, stage=j.progress_stage, **common.ws()))
+        rows.append({
+            "id": j.id,
+            "name": j.name or "",
+            "kind": j.kind,
+            "status": j.status,
+            "stage": common.stage_name(j.progress_stage),
+            "step": f"{j.progress_step}/{j.progress_total or '?'}" if j.progress_step is not None else "",
+            "progress": common.progress_fraction(j),
+            "ETA": common.fmt_duration(eta) if eta is not None else "",
+            "attempt": j.attempt,
+            "created": common.local_time(j.created_at),
+            "error / reason": _note(j),
+        })
+    return pd.DataFrame(rows)
+
+
+def _select(jobs: list[JobInfo]) -> JobInfo:
+    ids = [j.id for j in jobs]
+    by_id = {j.id: j for j in jobs}
+    current = st.session_state.get("jobs_selected")
+    if current not in ids:
+        running = [j.id for j in jobs if j.status == "running"]
+        st.session_state["jobs_selected"] = running[0] if running else ids[0]
+    job_id = st.selectbox("Job", ids, key="jobs_selected", format_func=lambda i: common.job_label(by_id[i]))
+    return by_id[job_id]
+
+
+def _actions(job: JobInfo) -> None:
+    c1, c2, _ = st.columns([1, 1, 4])
+    can_cancel = job.status in common.ACTIVE and not job.cancel_requested
+    if c1.button("Cancel", key=f"cancel_{job.id}", disabled=not can_cancel, icon=":material/stop_circle:",
+                 help="A queued job is cancelled at once; a running one stops at its next step (checkpoint kept)."):
+        try:
+            api.cancel_job(job.id, **common.ws())
+            st.toast(f"Cancel requested for job #{job.id}")
+        except JobsError as exc:
+            st.error(str(exc))
+    can_resume = job.status in ("failed", "cancelled", "interrupted")
+    if c2.button("Resume", key=f"resume_{job.id}", disabled=not can_resume, icon=":material/play_circle:",
+                 help="Queue the job again; it continues from its last checkpoint."):
+        try:
+            info = api.resume_job(job.id, **common.ws())
+            st.toast(f"Job #{job.id} queued again (attempt {info.attempt})")
+        except JobsError as exc:
+            st.error(str(exc))
+
+
+def _details(job: JobInfo) -> None:
+    st.markdown(f"### Job #{job.id} {job.name or ''} · {common.status_badge(job.status)}")
+    frac = common.progress_fraction(job)
+    if job.status == "running":
+        eta = common.stage_eta(job, api.job_metrics(job.id, stage=job.progress_stage, **common.ws()))
+        step = f"step {job.progress_step}/{job.progress_total or '?'}" if job.progress_step is not None else "starting"
+        text = f"{common.stage_name(job.progress_stage) or 'starting'}: {step}" + (f" · about {common.fmt_duration(eta)} left in this stage"
+                                                                if eta is not None else "")
+        st.progress(frac or 0.0, text=text)
+    if job.error:
+        st.error(f"**Why it failed:** {job.error}", icon=":material/error:")
+    elif job.status_reason:
+        (st.warning if job.status == "interrupted" else st.info)(job.status_reason)
+    if job.cancel_requested and not job.is_terminal:
+        st.info("Cancel requested: the job stops at its next step.")
+    _actions(job)
+    meta = {"kind": job.kind, "attempt": job.attempt, "created": common.local_time(job.created_at),
+            "started": common.local_time(job.started_at), "finished": common.local_time(job.finished_at),
+            "heartbeat": common.local_time(job.heartbeat_at), "process": job.pid, "worker": job.worker_id,
+            "run folder": str(job.run_dir or "")}
+    tabs = st.tabs(["Log", "Error details", "Result", "Config", "Info"])
+    with tabs[0]:
+        events = api.job_events(job.id, **common.ws())[-300:]
+        lines = [f"{common.local_time(e.time)} [{e.source}#{e.attempt}] {e.level.upper() if e.level != 'info' else ''}"
+                 f"{' ' if e.level != 'info' else ''}{e.message}" for e in events]
+        st.code("\n".join(lines) or "(no log lines yet)", language=None)
+        runner_log = job.run_dir / "runner.log" if job.run_dir else None
+        if runner_log and runner_log.is_file():
+            with st.expander("Process output (runner.log, last lines)"):
+                st.code(_tail(runner_log), language=None)
+    with tabs[1]:
+        if job.log_tail:
+            st.code(job.log_tail, language=None)
+        else:
+            st.caption("No error recorded.")
+    with tabs[2]:
+        result = common.report(job)
+        if result is None:
+            st.caption("The result appears when the job succeeds.")
+        else:
+            _result(job, result)
+    with tabs[3]:
+        st.code(json.dumps(job.config, indent=2), language="json")
+    with tabs[4]:
+        st.json(meta)
+
+
+def _result(job: JobInfo, result: dict) -> None:
+    if job.kind == common.CONVERT:
+        cols = st.columns(4)
+        cols[0].metric("Teacher perplexity", common.fmt_number(result.get("teacher_ppl")))
+        cols[1].metric("Student perplexity", common.fmt_number(result.get("student_ppl")))
+        cols[2].metric("Ratio", common.fmt_number(result.get("ppl_ratio"), 3))
+        passkey = result.get("passkey") or {}
+        cols[3].metric("Passkey (student / teacher)",
+                       f"{common.fmt_number(passkey.get('student_accuracy'), 2)} / "
+                       f"{common.fmt_number(passkey.get('teacher_accuracy'), 2)}")
+        for sample in (result.get("samples") or [])[:3]:
+            with st.expander(f"Sample: {str(sample.get('prompt', ''))[:80]}"):
+                c1, c2 = st.columns(2)
+                c1.markdown("**Teacher**")
+                c1.text(sample.get("teacher", ""))
+                c2.markdown("**Student**")
+                c2.text(sample.get("student", ""))
+    with st.expander("Full report"):
+        st.json({k: v for k, v in result.items() if k != "config"}, expanded=False)
+
+
+def _tail(path, size: int = 12000) -> str:
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - size))
+        return f.read().decode("utf-8", "replace")
+
+
+@st.fragment(run_every=common.REFRESH_S)
+def live() -> None:
+    jobs = common.list_jobs()
+    if not jobs:
+        st.info("No jobs yet. Launch a conversion on the Launch page, or start the demo conversion: the bundled "
+                "SmolLM2-135M-Instruct, about 10 minutes on 2 CPU cores.")
+        c1, c2, _ = st.columns([1, 1, 2])
+        with c1:
+            common.demo_button("jobs_demo")
+        with c2:
+            st.page_link(common.PAGES["launch"], label="Configure a conversion", icon=":material/rocket_launch:")
+        return
+    common.worker_hint(jobs)
+    st.dataframe(
+        _table(jobs), hide_index=True, width="stretch",
+        column_config={
+            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+            "id": st.column_config.NumberColumn("id", format="%d"),
+            "error / reason": st.column_config.TextColumn("error / reason", width="large"),
+        },
+    )
+    st.caption(f"Updated {common.local_time(common.utcnow())} · refreshes every {common.REFRESH_S:g} s")
+    _details(_select(jobs))
+
+
+st.title("Jobs")
+common.show_flash()
+live()

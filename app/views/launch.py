@@ -1,0 +1,193 @@
+"""Launch: configure a conversion (model, data, attention, stage budgets, presets) and queue it.
+
+The config is validated on every change; each problem is shown under its section and in the
+check panel, and the launch button stays disabled until there is none. Nothing runs here: the
+job goes to the queue and a worker runs it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from app import common, forms
+from jobs import api
+from jobs.errors import JobsError
+
+P = "launch_"  # widget key prefix
+_SAVED = "launch_saved_values"  # survives page switches (Streamlit drops widget state of hidden pages)
+
+
+def _default_preset() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return forms.RECIPE
+    except Exception:  # noqa: BLE001 - no torch, no GPU
+        pass
+    return common.DEMO_PRESET
+
+
+def _apply_preset() -> None:
+    name = st.session_state[P + "preset"]
+    for key, value in forms.form_values(forms.preset_config(name)).items():
+        st.session_state[P + key] = value
+
+
+def _init_state() -> None:
+    saved = st.session_state.get(_SAVED)
+    if P + "preset" in st.session_state:
+        return
+    if saved:
+        for key, value in saved.items():
+            st.session_state[key] = value
+        return
+    st.session_state[P + "preset"] = _default_preset()
+    _apply_preset()
+
+
+def _save_state() -> None:
+    st.session_state[_SAVED] = {k: v for k, v in st.session_state.items()
+                                if isinstance(k, str) and k.startswith(P) and not k.startswith(P + "submit")}
+
+
+def _problems_for(section: str, problems: list[tuple[str, str]]) -> None:
+    for field, message in problems:
+        if field == section or field.startswith(section + "."):
+            st.error(f"**{field}**: {message}", icon=":material/error:")
+
+
+def _form(problems) -> None:
+    preset_help = {forms.RECIPE: "the paper's Llama 3 8B recipe values"}
+    st.selectbox("Preset", forms.preset_names(), key=P + "preset", on_change=_apply_preset,
+                 help="Fills every field below; edit any of them afterwards. cpu-demo: the bundled model on "
+                      "2 CPU cores in about 10 minutes; tiny-test: a tiny random model in seconds; "
+                      f"{forms.RECIPE}: {preset_help[forms.RECIPE]}.")
+
+    st.subheader("Model")
+    choice = st.radio("Teacher model", list(forms.MODEL_CHOICES), key=P + "model_choice",
+                      format_func=forms.MODEL_CHOICES.get, horizontal=True)
+    if choice in ("hub", "local"):
+        st.text_input("Hub id" if choice == "hub" else "Folder or .gguf path", key=P + "model_path",
+                      placeholder="HuggingFaceTB/SmolLM2-360M-Instruct" if choice == "hub" else "/models/my-llama")
+    c1, c2 = st.columns(2)
+    c1.selectbox("dtype", ["float32", "bfloat16", "float16"], key=P + "dtype")
+    c2.selectbox("Device", ["auto", "cpu", "cuda"], key=P + "device", help="auto: CUDA when present, else CPU")
+
+    st.subheader("Data")
+    data = st.radio("Training data", list(forms.DATA_CHOICES), key=P + "data_choice",
+                    format_func=forms.DATA_CHOICES.get, horizontal=True)
+    if data in ("hub", "local"):
+        st.text_input("Dataset id" if data == "hub" else "File path", key=P + "data_path",
+                      placeholder="yahma/alpaca-cleaned" if data == "hub" else "data/my_rows.jsonl")
+    c1, c2, c3, c4 = st.columns(4)
+    c1.selectbox("Format", ["instruction", "text"], key=P + "data_format")
+    c2.number_input("Sequence length", key=P + "seq_len", step=64, help="packed block length (recipe 1024)")
+    c3.number_input("Max examples (0 = all)", key=P + "max_examples", step=100)
+    c4.number_input("Validation rows", key=P + "val_examples", step=8, help="the first rows (recipe 200)")
+    _problems_for("data", problems)
+    _problems_for("model", problems)
+
+    st.subheader("Attention")
+    c1, c2, c3, c4 = st.columns(4)
+    c1.selectbox("Kind", forms.ATTENTION_KINDS, key=P + "attention_kind",
+                 help="terraced: the recipe's tiled window (tk); sliding_window: last w keys; linear: no window")
+    c2.selectbox("Feature map", forms.FEATURE_MAPS, key=P + "feature_map",
+                 help="hedgehog: [softmax(xW), softmax(-xW)]; t2r: relu(xW + b)")
+    c3.number_input("Feature dim", key=P + "feature_dim", step=8, help="hedgehog f (F = 2f); recipe 64")
+    c4.number_input("Window", key=P + "window_size", step=16, help="window / tile length; recipe 64")
+    st.text_input("Layers kept as softmax", key=P + "softmax_layers", placeholder="e.g. 0, 15",
+                  help="comma-separated layer indices that keep their original attention (hybrid model)")
+    _problems_for("attention", problems)
+    _problems_for("config", problems)  # checks across sections (window vs sequence length)
+
+    st.subheader("Stage budgets")
+    c1, c2 = st.columns(2)
+    with c1:
+        st.checkbox("Stage 1: attention transfer", key=P + "stage1_enabled")
+        a, b = st.columns(2)
+        a.number_input("Steps", key=P + "stage1_steps", step=10)
+        b.text_input("Learning rate", key=P + "stage1_lr", help="recipe 1e-2")
+        a.number_input("Gradient accumulation", key=P + "stage1_grad_accum", step=1)
+        b.number_input("Validate every", key=P + "stage1_eval_every", step=10)
+        _problems_for("stage1", problems)
+    with c2:
+        st.checkbox("Stage 2: LoRA fine-tuning", key=P + "stage2_enabled")
+        a, b = st.columns(2)
+        a.number_input("Steps", key=P + "stage2_steps", step=10)
+        b.text_input("Learning rate", key=P + "stage2_lr", help="recipe 1e-4")
+        a.number_input("Gradient accumulation", key=P + "stage2_grad_accum", step=1)
+        b.number_input("LoRA rank", key=P + "stage2_rank", step=1, help="recipe 8 (alpha 16)")
+        b.number_input("Validate every", key=P + "stage2_eval_every", step=10)
+        _problems_for("stage2", problems)
+
+
+def main() -> None:
+    st.title("Launch a conversion")
+    st.caption("Softmax attention → LoLCATs linear / sliding-window hybrid: stage 1 trains the feature maps to "
+               "match each layer's attention output, stage 2 fine-tunes with LoRA. The job runs in the "
+               "background; watch it on the Jobs page.")
+    _init_state()
+    # Widget values are in session state before the page runs, so the check comes first and the
+    # form can show each problem under its section.
+    values = {k.removeprefix(P): v for k, v in st.session_state.items() if isinstance(k, str) and k.startswith(P)}
+    config, problems = _check(values)
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        _form(problems)
+    _save_state()
+    with right:
+        _panel(config, problems)
+
+
+def _check(values: dict):
+    try:
+        config, problems = forms.build(values["preset"], values)
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, [("form", str(exc))]
+    validated, config_problems = forms.validate(config)
+    problems = problems + config_problems
+    return (validated.model_dump() if validated is not None and not problems else config), problems
+
+
+def _panel(config: dict | None, problems: list[tuple[str, str]]) -> None:
+    with st.container(border=True):
+        st.subheader("Check")
+        if problems:
+            st.error(f"{len(problems)} problem(s): fix them to launch.", icon=":material/error:")
+            for field, message in problems:
+                st.markdown(f"- **{field}**: {message}")
+        else:
+            m, a, s1, s2 = config["model"], config["attention"], config["stage1"], config["stage2"]
+            st.success("The config is valid.", icon=":material/check_circle:")
+            window = "" if a["kind"] == "linear" else f", window {a['window_size']}"
+            softmax = f", softmax layers {a['softmax_layers']}" if a["softmax_layers"] else ""
+            st.markdown(
+                f"- model **{m['source']}** ({m['dtype']}, {m['device']})\n"
+                f"- data **{config['data']['source']}**, {config['data']['seq_len']} tokens per block\n"
+                f"- attention **{a['kind']}**, {a['feature_map']} feature dim {a['feature_dim']}{window}{softmax}\n"
+                f"- stage 1: {s1['steps'] if s1['enabled'] else 'off'} steps · stage 2: "
+                f"{s2['steps'] if s2['enabled'] else 'off'} steps (LoRA rank {s2['rank']})")
+        name = st.text_input("Run name (optional)", key=P + "submit_name", placeholder="my-conversion")
+        if st.button("Launch conversion", type="primary", disabled=bool(problems), key=P + "submit",
+                     icon=":material/rocket_launch:"):
+            try:
+                job = api.submit_job(common.CONVERT, config, name=name.strip() or None, **common.ws())
+            except JobsError as exc:
+                st.session_state.pop("launch_last_job", None)
+                st.error(str(exc), icon=":material/error:")
+            else:
+                st.session_state["launch_last_job"] = job.id
+        last = st.session_state.get("launch_last_job")
+        if last is not None:
+            st.success(f"Queued job #{last}.", icon=":material/schedule:")
+            st.page_link(common.PAGES["jobs"], label="Watch it on the Jobs page", icon=":material/list:")
+        common.worker_hint(common.list_jobs(status=common.ACTIVE))
+        if config is not None:
+            with st.expander("Full config (what the job stores)"):
+                st.code(json.dumps(config, indent=2), language="json")
+
+
+main()

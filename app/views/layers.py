@@ -1,0 +1,127 @@
+"""Layers: where the conversion fails. Per-layer attention-output MSE over training (live while the
+job runs), the final per-layer MSE of the report, and several conversions side by side."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import charts, common
+from jobs import api
+from jobs.records import JobInfo
+
+
+def _pick(jobs: list[JobInfo]) -> JobInfo:
+    by_id = {j.id: j for j in jobs}
+    ids = list(by_id)
+    if st.session_state.get("layers_job") not in ids:
+        running = [j.id for j in jobs if j.status == "running"]
+        st.session_state["layers_job"] = running[0] if running else ids[0]
+    job_id = st.selectbox("Conversion", ids, key="layers_job", format_func=lambda i: common.job_label(by_id[i]))
+    return by_id[job_id]
+
+
+def _series(points, stage: str, names: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
+    out: dict[str, list[tuple[int, float]]] = {}
+    for p in points:
+        if p.stage == stage and p.layer is None and p.name in names and p.value is not None:
+            out.setdefault(p.name, []).append((p.step, p.value))
+    return out
+
+
+def _job_view(job_id: int) -> None:
+    job = api.get_job(job_id, **common.ws())
+    log_y = st.session_state.get("layers_log", True)
+    points = common.latest_attempt(api.job_metrics(job.id, **common.ws()))
+    per_layer = [{"layer": p.layer, "step": p.step, "value": p.value, "stage": p.stage}
+                 for p in points if p.layer is not None and p.name == "mse" and p.value is not None]
+    if job.status == "running":
+        st.caption(f"Live: {job.progress_stage or 'starting'} step {job.progress_step or 0}/{job.progress_total or '?'}"
+                   f" · refreshes every {common.REFRESH_S:g} s")
+    if per_layer:
+        st.plotly_chart(charts.layer_curves(per_layer, log_y=log_y,
+                                            title="Per-layer attention MSE during stage 1 (validation)"),
+                        key="layers_curves")
+    elif job.is_terminal:
+        st.info("This job recorded no per-layer validation MSE (stage 1 was off, or it ended before its first "
+                "validation).")
+    else:
+        st.info("Per-layer curves appear at the first stage-1 validation (every `stage1.eval_every` steps).")
+    c1, c2 = st.columns(2)
+    s1 = _series(points, "stage1", ("mse", "val_mse"))
+    if s1:
+        c1.plotly_chart(charts.stage_curves(s1, title="Stage 1: mean attention MSE", y_title="MSE", log_y=log_y),
+                        key="layers_stage1")
+    s2 = _series(points, "stage2", ("loss", "val_loss"))
+    if s2:
+        c2.plotly_chart(charts.stage_curves(s2, title="Stage 2: next-token loss", y_title="cross-entropy"),
+                        key="layers_stage2")
+    result = common.report(job) if job.status == "succeeded" else None
+    mse = (result or {}).get("per_layer_mse")
+    if isinstance(mse, list) and mse:
+        kept = job.config.get("attention", {}).get("softmax_layers", [])
+        st.plotly_chart(charts.layer_bars({f"#{job.id}": mse}, {f"#{job.id}": kept}, log_y=log_y), key="layers_bars")
+        worst = max(range(len(mse)), key=lambda i: mse[i] or 0.0)
+        st.caption(f"Highest final MSE: layer {worst} ({common.fmt_number(mse[worst])}). Layers kept as softmax "
+                   "show no bar.")
+    elif job.status != "succeeded":
+        st.caption("The final per-layer bar chart appears when the job succeeds.")
+
+
+def _compare(jobs: list[JobInfo]) -> None:
+    done = [j for j in jobs if j.status == "succeeded"]
+    if len(done) < 2:
+        st.caption("Comparing conversions needs at least two finished ones.")
+        return
+    by_id = {j.id: j for j in done}
+    chosen = st.multiselect("Conversions to compare", list(by_id), default=list(by_id)[:3], key="layers_compare",
+                            format_func=lambda i: common.job_label(by_id[i]))
+    if not chosen:
+        return
+    bars, kept, rows, curves = {}, {}, [], {}
+    for job_id in chosen:
+        job = by_id[job_id]
+        result = common.report(job) or {}
+        label = f"#{job.id} {job.name or ''}".strip()
+        if isinstance(result.get("per_layer_mse"), list):
+            bars[label] = result["per_layer_mse"]
+            kept[label] = job.config.get("attention", {}).get("softmax_layers", [])
+        attn = job.config.get("attention", {})
+        rows.append({"job": label, "model": job.config.get("model", {}).get("source"),
+                     "attention": f"{attn.get('kind')}/{attn.get('feature_map')}",
+                     "window": attn.get("window_size"), "teacher ppl": result.get("teacher_ppl"),
+                     "student ppl": result.get("student_ppl"), "ratio": result.get("ppl_ratio"),
+                     "mean layer MSE": (sum(bars[label]) / len(bars[label])) if bars.get(label) else None})
+        val = [(p.step, p.value) for p in common.latest_attempt(api.job_metrics(job.id, name="val_mse", stage="stage1",
+                                                                                **common.ws()))
+               if p.layer is None and p.value is not None]
+        if val:
+            curves[label] = val
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    if bars:
+        st.plotly_chart(charts.layer_bars(bars, kept, log_y=st.session_state.get("layers_log", True)),
+                        key="layers_compare_bars")
+    if curves:
+        st.plotly_chart(charts.stage_curves(curves, title="Stage 1 validation MSE", y_title="MSE", log_y=True),
+                        key="layers_compare_curves")
+
+
+st.title("Layers")
+st.caption("Attention-output MSE between each converted layer and its original softmax attention, on the same "
+           "layer input. Stage 1 trains the feature maps to drive it down.")
+jobs = common.list_jobs(kind=common.CONVERT)
+if not jobs:
+    common.no_conversion_notice("The Layers view", "layers_demo")
+else:
+    c1, c2 = st.columns([3, 1])
+    with c1:
+        selected = _pick(jobs)
+    with c2:
+        st.toggle("Log scale", value=True, key="layers_log")
+    if selected.status in common.ACTIVE:
+        st.fragment(run_every=common.REFRESH_S)(_job_view)(selected.id)
+    else:
+        _job_view(selected.id)
+    st.divider()
+    st.subheader("Compare conversions")
+    _compare(jobs)

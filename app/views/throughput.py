@@ -1,0 +1,144 @@
+"""Throughput: tokens/s and peak memory against batch size and context length, teacher vs student,
+from benchmark jobs; and a form that queues a new benchmark (it never runs in the UI process)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import bench_results, charts, common
+from jobs import api
+from jobs.errors import JobsError
+from jobs.records import JobInfo
+
+DEFAULTS = {"batch_sizes": "1, 2, 4", "prompt_lengths": "128, 256, 512", "gen_length": 16}
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(p) for p in str(text).replace(";", ",").replace(" ", ",").split(",") if p]
+    except ValueError:
+        raise ValueError(f"{name}: expected whole numbers separated by commas, got {text!r}") from None
+    if not values:
+        raise ValueError(f"{name}: give at least one value")
+    return values
+
+
+def _launch_form(conversions: list[JobInfo], expanded: bool) -> None:
+    with st.expander("Run a benchmark", expanded=expanded, icon=":material/speed:"):
+        st.caption("Measures prefill and decode speed and peak memory of the teacher and of a student with the same "
+                   "conversion settings, side by side in one job (speed and memory do not depend on the trained "
+                   "weights). It runs in the background like a conversion.")
+        by_id = {j.id: j for j in conversions}
+        options = [None, *by_id]
+        source = st.selectbox("Model and attention settings", options, key="bench_source",
+                              format_func=lambda i: "bundled SmolLM2-135M-Instruct, recipe attention" if i is None
+                              else f"as conversion {common.job_label(by_id[i])}")
+        c1, c2, c3, c4 = st.columns(4)
+        batches = c1.text_input("Batch sizes", DEFAULTS["batch_sizes"], key="bench_batches")
+        contexts = c2.text_input("Context lengths", DEFAULTS["prompt_lengths"], key="bench_contexts")
+        gen = c3.number_input("Generated tokens", min_value=2, value=DEFAULTS["gen_length"], key="bench_gen")
+        repeats = c4.number_input("Repeats", min_value=1, value=1, key="bench_repeats")
+        if st.button("Launch benchmark", type="primary", key="bench_submit", icon=":material/play_arrow:"):
+            try:
+                config = {"batch_sizes": _ints(batches, "batch sizes"),
+                          "prompt_lengths": _ints(contexts, "context lengths"),
+                          "gen_lengths": [int(gen)], "repeats": int(repeats)}
+                if source is not None:
+                    cfg = by_id[source].config
+                    attn = cfg.get("attention", {})
+                    config["model"] = cfg.get("model", {}).get("source", "smollm2-135m-instruct")
+                    config["dtype"] = cfg.get("model", {}).get("dtype", "float32")
+                    config["linearize"] = {"attention": attn.get("kind", "terraced"),
+                                           "feature_map": attn.get("feature_map", "hedgehog"),
+                                           "feature_dim": attn.get("feature_dim", 64),
+                                           "window_size": attn.get("window_size", 64),
+                                           "softmax_layers": attn.get("softmax_layers", [])}
+                name = f"bench-{source}" if source is not None else "bench"
+                job = api.submit_job(common.BENCHMARK, config, name=name, **common.ws())
+            except (JobsError, ValueError) as exc:
+                st.error(str(exc), icon=":material/error:")
+            else:
+                st.session_state["bench_job"] = job.id
+                st.session_state["flash"] = f"Queued benchmark job #{job.id}."
+                st.rerun()
+
+
+def _points_table(points: list[dict]) -> pd.DataFrame:
+    rows = []
+    for p in points:
+        rows.append({"model": p["model"], "batch": p["batch_size"], "context": p["context_length"],
+                     "generated": p["gen_length"], "status": p["status"],
+                     "tokens/s": p["tokens_per_second"], "decode tok/s": p["decode_tokens_per_second"],
+                     "prefill tok/s": p["prefill_tokens_per_second"],
+                     "peak memory (MiB)": p["peak_memory_bytes"] / 1024**2 if p["peak_memory_bytes"] else None})
+    return pd.DataFrame(rows)
+
+
+def _charts(job: JobInfo, report: dict) -> None:
+    points = bench_results.normalise(report)
+    if not points:
+        st.warning(f"The report of job #{job.id} holds no benchmark points this page can read.")
+        with st.expander("Raw report"):
+            st.json(report, expanded=False)
+        return
+    ooms = [p for p in points if p["status"] == "oom"]
+    if ooms:
+        st.warning("Out of memory at: " + ", ".join(
+            f"{p['model']} batch {p['batch_size']} context {p['context_length']}" for p in ooms))
+    native = bench_results.native_figures(report)
+    if native:
+        for name, fig in native.items():
+            st.plotly_chart(fig, key=f"bench_native_{name}")
+    else:
+        for x in ("batch_size", "context_length"):
+            c1, c2 = st.columns(2)
+            c1.plotly_chart(charts.throughput_figure(points, x, "tokens_per_second"), key=f"bench_tps_{x}")
+            c2.plotly_chart(charts.throughput_figure(points, x, "peak_memory_bytes"), key=f"bench_mem_{x}")
+            c3, c4 = st.columns(2)
+            c3.plotly_chart(charts.throughput_figure(points, x, "decode_tokens_per_second"), key=f"bench_dec_{x}")
+            c4.plotly_chart(charts.throughput_figure(points, x, "prefill_tokens_per_second"), key=f"bench_pre_{x}")
+    st.dataframe(_points_table(points), hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(format="%.1f")
+                                for c in ("tokens/s", "decode tok/s", "prefill tok/s", "peak memory (MiB)")})
+
+
+def _job_view(job_id: int) -> None:
+    job = api.get_job(job_id, **common.ws())
+    if job.status in common.ACTIVE:
+        frac = common.progress_fraction(job) or 0.0
+        st.progress(frac, text=f"{job.status}: point {job.progress_step or 0}/{job.progress_total or '?'}")
+        return
+    if job.status != "succeeded":
+        st.error(f"Job #{job.id} {job.status}" + (f": {job.error}" if job.error else
+                                                  (f": {job.status_reason}" if job.status_reason else "")))
+        return
+    report = common.report(job)
+    if report is None:
+        st.warning(f"Job #{job.id} succeeded but left no report.")
+        return
+    _charts(job, report)
+
+
+def main() -> None:
+    st.title("Throughput")
+    common.show_flash()
+    st.caption("Tokens per second and peak memory of the teacher (softmax attention, KV cache) and the student "
+               "(LoLCATs attention, constant-size state) across batch sizes and context lengths.")
+    jobs = common.list_jobs(kind=common.BENCHMARK)
+    _launch_form(common.finished_conversions(), expanded=not jobs)
+    if not jobs:
+        st.info("No benchmark yet: launch one above. The charts appear here when it finishes.")
+        return
+    by_id = {j.id: j for j in jobs}
+    if st.session_state.get("bench_job") not in by_id:
+        done = [j.id for j in jobs if j.status == "succeeded"]
+        st.session_state["bench_job"] = done[0] if done else jobs[0].id
+    job_id = st.selectbox("Benchmark", list(by_id), key="bench_job", format_func=lambda i: common.job_label(by_id[i]))
+    if by_id[job_id].status in common.ACTIVE:
+        st.fragment(run_every=common.REFRESH_S)(_job_view)(job_id)
+    else:
+        _job_view(job_id)
+
+
+main()

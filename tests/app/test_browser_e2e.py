@@ -1,0 +1,154 @@
+"""End to end in headless Chromium: ``lolcats app`` on a free port, launch a ``tiny-test`` conversion
+from the Launch page, watch it succeed on the Jobs page, open Layers and Attention, chat with both
+models. Screenshots go to ``$LOLCATS_ARTIFACTS_DIR`` (default ``tmp/artifacts/e2e`` in the project);
+with ``LOLCATS_UPDATE_SCREENSHOT=1`` the Chat screenshot also replaces ``docs/screenshot.png`` (the README's
+image; the committed one shows a conversion of the bundled SmolLM2, which answers in words)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs import api
+from tests.app.serving import PROJECT_ROOT, AppProcess
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(os.environ.get("LOLCATS_ARTIFACTS_DIR") or PROJECT_ROOT / "tmp" / "artifacts") / "e2e"
+SCREENSHOT = PROJECT_ROOT / "docs" / "screenshot.png"
+CONVERSION_TIMEOUT_S = 150
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                                                     "(apt-get install -y chromium chromium-driver)"),
+]
+
+
+@pytest.fixture
+def workspace(tmp_path, seeded):
+    """A fresh workspace whose model cache already holds the tiny model (built by the seeding)."""
+    ws = tmp_path / "ws"
+    shutil.copytree(seeded.workspace / "models" / "tiny-random-llama", ws / "models" / "tiny-random-llama")
+    return ws
+
+
+@pytest.fixture
+def running_app(workspace):
+    app = AppProcess(workspace)
+    try:
+        app.wait_ready()
+        yield app
+    finally:
+        code = app.stop(signal.SIGTERM)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(app.log, ARTIFACTS / "app.log")
+        assert code == 0, app.output()[-3000:]
+
+
+@pytest.fixture
+def page(running_app):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    console: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            pg = browser.new_page(viewport={"width": 1500, "height": 1000})
+            pg.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            pg.set_default_timeout(60_000)
+            yield pg
+        finally:
+            (ARTIFACTS / "console.log").write_text("\n".join(console))
+            browser.close()
+
+
+def _shot(page, name: str) -> Path:
+    path = ARTIFACTS / f"{name}.png"
+    page.wait_for_timeout(800)  # let plotly finish its transitions
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def _goto(page, title: str) -> None:
+    page.get_by_test_id("stSidebarNav").get_by_role("link", name=title).click()
+    page.get_by_role("heading", name=title).first.wait_for()
+
+
+def _idle(page, timeout: float = 60_000) -> None:
+    """Wait until Streamlit has finished the current script run."""
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
+
+
+def _select(page, label: str, option: str) -> None:
+    page.get_by_test_id("stSelectbox").filter(has_text=label).first.click()
+    page.get_by_role("option", name=option, exact=True).click()
+    _idle(page)
+
+
+def test_launch_watch_inspect_and_chat(page, running_app, workspace):
+    url = running_app.url
+    t0 = time.monotonic()
+    page.goto(url)
+    page.get_by_role("heading", name="Launch a conversion").wait_for()
+    _idle(page, 120_000)
+
+    # Launch: the tiny-test preset, then the launch button
+    _select(page, "Preset", "tiny-test")
+    page.get_by_text("The config is valid.").wait_for()
+    page.get_by_test_id("stMarkdown").filter(has_text="model tiny-random-llama").first.wait_for()  # rerun done
+    page.get_by_role("button", name="Launch conversion").click()
+    page.get_by_text(re.compile(r"Queued job #1\.")).wait_for()
+    _shot(page, "1-launch")
+    job = api.list_jobs(workspace=workspace)[0]
+    assert (job.kind, job.config["model"]["source"]) == ("convert", "tiny-random-llama")
+
+    # Jobs: the job runs in the worker; a reload shows the same job; it reaches succeeded
+    _goto(page, "Jobs")
+    page.get_by_text(re.compile(r"Job #1 .*(queued|running|succeeded)")).first.wait_for()
+    page.reload()
+    page.get_by_text(re.compile(r"Job #1 .*(queued|running|succeeded)")).first.wait_for(timeout=60_000)
+    page.get_by_text(re.compile(r"Job #1 .*succeeded")).first.wait_for(timeout=CONVERSION_TIMEOUT_S * 1000)
+    assert api.get_job(job.id, workspace=workspace).status == "succeeded"
+    _shot(page, "2-jobs")
+
+    # Layers: per-layer curves and the final bars
+    _goto(page, "Layers")
+    page.get_by_text("Highest final MSE: layer").wait_for()
+    page.locator(".js-plotly-plot").nth(1).wait_for()  # curves and final bars (plotly loads lazily)
+    _shot(page, "3-layers")
+
+    # Attention: three heatmaps of the converted layer
+    _goto(page, "Attention")
+    page.get_by_text("Mean |difference|").wait_for(timeout=120_000)
+    page.locator(".js-plotly-plot").first.wait_for()
+    _select(page, "Layer", "layer 1")
+    page.get_by_test_id("stRadio").filter(has_text="Colour scale").get_by_text("log", exact=True).click()
+    page.get_by_text("log10 weight").first.wait_for()  # the colour bar of the log scale
+    _shot(page, "4-attention")
+
+    # Chat: one message, both models answer
+    _goto(page, "Chat")
+    box = page.get_by_test_id("stChatInputTextArea")
+    box.wait_for()
+    box.fill("Hello! What can you do?")
+    box.press("Enter")
+    stats = page.get_by_text(re.compile(r"\d+ tokens in [\d.]+ s · [\d.]+ tok/s"))
+    page.wait_for_function("() => document.body.innerText.split('tok/s').length - 1 >= 2", timeout=120_000)
+    assert stats.count() == 2
+    page.get_by_text("Teacher · softmax attention").first.wait_for()
+    page.get_by_text("Student · LoLCATs attention").first.wait_for()
+    chat = _shot(page, "5-chat")
+
+    if os.environ.get("LOLCATS_UPDATE_SCREENSHOT") == "1":
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        shutil.copy(chat, SCREENSHOT)
+    print(f"end-to-end flow in {time.monotonic() - t0:.0f} s; screenshots in {ARTIFACTS}")

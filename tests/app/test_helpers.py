@@ -1,0 +1,175 @@
+"""The workbench's pure helpers: launch form <-> config, benchmark reports, charts, chat prompts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from app import bench_results, charts, forms
+
+
+# ---------------------------------------------------------------------------------------------- forms
+
+
+@pytest.mark.parametrize("preset", forms.preset_names())
+def test_form_round_trip_keeps_every_preset_value(preset):
+    config = forms.preset_config(preset)
+    values = {"preset": preset, **forms.form_values(config)}
+    built, problems = forms.build(preset, values)
+    assert problems == []
+    assert built == config
+    validated, problems = forms.validate(built)
+    assert problems == [] and validated.model_dump() == config
+
+
+def _values(preset="tiny-test", **changes):
+    values = {"preset": preset, **forms.form_values(forms.preset_config(preset))}
+    values.update(changes)
+    return values
+
+
+def _problems(**changes):
+    config, problems = forms.build("tiny-test", _values(**changes))
+    return problems + forms.validate(config)[1]
+
+
+def test_form_edits_reach_the_config():
+    config, problems = forms.build("tiny-test", _values(attention_kind="sliding_window", window_size=8,
+                                                        softmax_layers="1", stage1_lr="3e-3", stage2_enabled=False,
+                                                        model_choice="hub", model_path="org/model"))
+    assert problems == []
+    assert config["attention"]["kind"] == "sliding_window" and config["attention"]["window_size"] == 8
+    assert config["attention"]["softmax_layers"] == [1]
+    assert config["stage1"]["lr"] == pytest.approx(3e-3)
+    assert config["stage2"]["enabled"] is False
+    assert config["model"]["source"] == "org/model"
+    assert config["eval"] == forms.preset_config("tiny-test")["eval"]  # fields outside the form keep the preset's
+
+
+@pytest.mark.parametrize("changes, field, words", [
+    ({"window_size": 0}, "attention", "window_size must be an integer >= 1, got 0"),
+    ({"feature_dim": -2}, "attention", "feature_dim"),
+    ({"softmax_layers": "0, 0"}, "attention", "more than once"),
+    ({"softmax_layers": "zero"}, "attention.softmax_layers", "layer numbers"),
+    ({"stage1_lr": "0"}, "stage1.lr", "stage1.lr must be a finite number > 0, got 0.0"),
+    ({"stage2_lr": "fast"}, "stage2.lr", "must be a number"),
+    ({"stage1_steps": 0}, "stage1.steps", "greater than or equal to 1"),
+    ({"stage2_rank": 0}, "stage2.rank", "greater than or equal to 1"),
+    ({"seq_len": 8}, "config", "data.seq_len (8) is smaller than attention.window_size (16)"),
+    ({"model_choice": "hub", "model_path": " "}, "model.source", "hub id"),
+    ({"data_choice": "local", "data_path": ""}, "data.source", "file path"),
+])
+def test_form_problems_name_the_field(changes, field, words):
+    problems = _problems(**changes)
+    assert any(f == field and words in m for f, m in problems), problems
+
+
+# ---------------------------------------------------------------------------------------------- benchmark reports
+
+
+def test_normalise_reads_the_core_bench_schema_and_aliases():
+    report = {"points": [
+        {"model": "teacher", "batch_size": 2, "prompt_length": 128, "gen_length": 8, "status": "ok",
+         "tokens_per_second": 10.0, "decode_tokens_per_second": 5.0, "prefill_tokens_per_second": 100.0,
+         "peak_memory_bytes": 1024},
+        {"variant": "Student", "batch": "4", "context_length": 256, "status": "OOM", "error": "out of memory"},
+        {"model": "student", "batch_size": 1, "seq_len": 64, "tokens_per_second": float("nan"),
+         "decode_tokens_per_second": "12.5"},
+        {"model": "teacher"},  # no batch / context: dropped
+        "garbage",
+    ]}
+    pts = bench_results.normalise(report)
+    assert [(p["model"], p["batch_size"], p["context_length"], p["status"]) for p in pts] == [
+        ("teacher", 2, 128, "ok"), ("student", 4, 256, "oom"), ("student", 1, 64, "ok")]
+    assert pts[0]["peak_memory_bytes"] == 1024 and pts[0]["gen_length"] == 8
+    assert pts[2]["tokens_per_second"] is None and pts[2]["decode_tokens_per_second"] == 12.5
+
+
+@pytest.mark.parametrize("report", [None, [], {}, {"points": "x"}, {"points": [None, 1]}, {"result": {"points": []}}])
+def test_normalise_survives_reports_of_any_shape(report):
+    assert bench_results.normalise(report) == []
+
+
+def test_native_figures_fall_back_on_foreign_reports():
+    assert bench_results.native_figures({"points": [{"variant": "teacher", "batch": 1}]}) is None
+
+
+def test_throughput_figure_one_line_per_model():
+    pts = bench_results.normalise({"points": [
+        {"model": m, "batch_size": b, "prompt_length": 64, "gen_length": 4, "tokens_per_second": t * b,
+         "peak_memory_bytes": 2**20 * b}
+        for m, t in (("teacher", 10.0), ("student", 20.0)) for b in (1, 2, 4)]
+        + [{"model": "teacher", "batch_size": 8, "prompt_length": 64, "gen_length": 4, "status": "oom"}]})
+    fig = charts.throughput_figure(pts, "batch_size", "tokens_per_second")
+    lines = {t.name: (list(t.x), list(t.y)) for t in fig.data}
+    assert lines == {"teacher (context=64, gen=4)": ([1, 2, 4], [10.0, 20.0, 40.0]),
+                     "student (context=64, gen=4)": ([1, 2, 4], [20.0, 40.0, 80.0])}
+    mem = charts.throughput_figure(pts, "batch_size", "peak_memory_bytes")
+    assert list(mem.data[0].y) == [1.0, 2.0, 4.0]  # MiB
+
+
+# ---------------------------------------------------------------------------------------------- heatmaps
+
+
+def test_causal_mask_blanks_future_keys():
+    m = charts.causal(np.ones((4, 4)))
+    assert np.isnan(m[np.triu_indices(4, k=1)]).all()
+    assert (m[np.tril_indices(4)] == 1).all()
+
+
+def test_heatmaps_share_one_colour_scale():
+    rng = np.random.default_rng(0)
+    t = np.tril(rng.random((5, 5)))
+    t /= t.sum(-1, keepdims=True)
+    s = np.tril(rng.random((5, 5)))
+    s /= s.sum(-1, keepdims=True)
+    fig = charts.attention_heatmaps(t, s, ["<s>", "Ġa", "Ġa", "Ċ", "b"])
+    assert [tr.coloraxis for tr in fig.data] == ["coloraxis"] * 3
+    assert fig.layout.coloraxis.cmin == 0 and fig.layout.coloraxis.cmax == pytest.approx(max(t.max(), s.max()))
+    assert list(fig.data[0].x) == ["0 <s>", "1 ␣a", "2 ␣a", "3 \\n", "4 b"]  # unique labels
+    diff = np.array(fig.data[2].z, dtype=float)
+    assert np.allclose(diff[np.tril_indices(5)], np.abs(s - t)[np.tril_indices(5)])
+    log = charts.attention_heatmaps(t, s, list("abcde"), log=True)
+    assert log.layout.coloraxis.cmin == pytest.approx(math.log10(charts.LOG_FLOOR))
+    assert np.array(log.data[0].z, dtype=float)[0, 0] == pytest.approx(0.0)  # log10(1)
+
+
+def test_layer_curves_and_bars():
+    rows = [{"layer": layer, "step": step, "value": 1.0 / (step + layer)} for layer in (0, 1) for step in (2, 4)]
+    fig = charts.layer_curves(rows)
+    assert [t.name for t in fig.data] == ["layer 0", "layer 1"] and list(fig.data[1].y) == [1 / 3, 1 / 5]
+    bars = charts.layer_bars({"#1": [0.5, 0.0, 0.25]}, {"#1": [1]})
+    assert list(bars.data[0].y) == [0.5, None, 0.25] and list(bars.data[0].text) == ["", "softmax", ""]
+
+
+# ---------------------------------------------------------------------------------------------- chat prompts
+
+
+@pytest.fixture(scope="module")
+def tokenizer(seeded):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(seeded.workspace / "models" / "tiny-random-llama")
+
+
+def test_short_prompt_is_sent_whole(tokenizer):
+    from app.generation import prepare_prompt
+    from core.evaluate import chat_prompt
+
+    p = prepare_prompt(tokenizer, "Hello!", 256, 32)
+    assert p.notice is None
+    assert p.input_ids[0].tolist() == tokenizer(chat_prompt(tokenizer, "Hello!"), add_special_tokens=False)["input_ids"]
+
+
+def test_long_prompt_is_truncated_with_a_notice(tokenizer):
+    from app.generation import prepare_prompt
+
+    message = " ".join(f"w{i}" for i in range(400)) + " What is the answer?"
+    p = prepare_prompt(tokenizer, message, 200, 40)
+    assert p.prompt_tokens <= 160 and p.input_ids.shape == (1, p.prompt_tokens)
+    assert "context is 200 tokens" in p.notice and "40 are kept for the answer" in p.notice
+    assert tokenizer.decode(p.input_ids[0]).count("What is the answer?") == 1  # the end of the message is kept
+    with pytest.raises(ValueError, match="lower max new tokens"):
+        prepare_prompt(tokenizer, message, 64, 60)

@@ -1,0 +1,92 @@
+"""Jobs page: live table from the database, details, the error that ended a job, cancel and resume."""
+
+from __future__ import annotations
+
+import time
+
+from jobs import api, store
+from jobs.db import open_db
+from tests.app.apptest import button, open_page, texts, widget
+
+
+def _table(at):
+    df = at.dataframe[0].value
+    return {int(r["id"]): r for r in df.to_dict("records")}
+
+
+def test_table_shows_every_seeded_job(seeded_ws):
+    at = open_page("views/jobs.py")
+    rows = _table(at)
+    s = seeded_ws
+    assert rows[s.conversion]["status"].endswith("succeeded") and rows[s.conversion]["kind"] == "convert"
+    assert rows[s.conversion]["progress"] == 1.0
+    assert rows[s.benchmark]["kind"] == "benchmark"
+    assert rows[s.failed]["status"].endswith("failed")
+    assert "injected failure at step 2" in rows[s.failed]["error / reason"]
+
+
+def test_failed_job_shows_why_and_offers_resume(seeded_ws):
+    at = open_page("views/jobs.py")
+    widget(at, "selectbox", "jobs_selected").set_value(seeded_ws.failed).run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert any("Why it failed" in e and "injected failure at step 2" in e for e in errors), errors
+    assert not button(at, f"resume_{seeded_ws.failed}").disabled
+    assert button(at, f"cancel_{seeded_ws.failed}").disabled
+    assert "RuntimeError" in texts(at)  # the traceback tail, under "Error details"
+
+
+def test_succeeded_conversion_shows_its_report(seeded_ws):
+    at = open_page("views/jobs.py")
+    widget(at, "selectbox", "jobs_selected").set_value(seeded_ws.conversion).run()
+    report = api.job_report(seeded_ws.conversion, workspace=seeded_ws.workspace)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Teacher perplexity"] == f"{report['teacher_ppl']:.4g}"
+    assert metrics["Student perplexity"] == f"{report['student_ppl']:.4g}"
+    log = texts(at)
+    assert "succeeded" in log and "teacher held-out perplexity" in log  # the job's own log lines
+
+
+def test_empty_state_launches_the_demo(fresh_ws):
+    at = open_page("views/jobs.py")
+    assert "No jobs yet" in texts(at)
+    button(at, "jobs_demo").click().run()
+    assert not at.exception
+    jobs = api.list_jobs(workspace=fresh_ws)
+    assert [(j.kind, j.name, j.status) for j in jobs] == [("convert", "cpu-demo", "queued")]
+    assert jobs[0].config["stage1"]["steps"] == 60  # the cpu-demo preset
+    assert f"Queued the demo conversion as job #{jobs[0].id}" in texts(at)
+
+
+def test_cancel_and_resume(fresh_ws):
+    job = api.submit_job("selftest", {"steps": 3}, name="waiting", workspace=fresh_ws)
+    at = open_page("views/jobs.py")
+    assert _table(at)[job.id]["status"].endswith("queued")
+    button(at, f"cancel_{job.id}").click().run()
+    assert api.get_job(job.id, workspace=fresh_ws).status == "cancelled"
+    at.run()
+    assert _table(at)[job.id]["status"].endswith("cancelled")
+    button(at, f"resume_{job.id}").click().run()
+    info = api.get_job(job.id, workspace=fresh_ws)
+    assert (info.status, info.attempt) == ("queued", 2)
+
+
+def test_a_running_job_looks_the_same_from_two_browsers(fresh_ws):
+    """State lives in the database: a second session (or a reload) sees the same running job."""
+    db = open_db(fresh_ws)
+    job = api.submit_job("selftest", {"steps": 10}, name="long", workspace=fresh_ws)
+    claim = store.claim_next_job(db, "otherhost:1:1")
+    for step in (1, 2, 3):
+        store.heartbeat(db, job.id, claim.attempt, stage="selftest", step=step, total=10, metrics={"loss": 1.0 / step})
+        time.sleep(0.3)
+    first, second = open_page("views/jobs.py"), open_page("views/jobs.py")
+    for at in (first, second):
+        row = _table(at)[job.id]
+        assert row["status"].endswith("running")
+        assert (row["stage"], row["step"]) == ("selftest", "3/10")
+        assert row["progress"] == 0.3
+        assert row["ETA"]  # 7 steps left at the pace of the first three
+        assert widget(at, "selectbox", "jobs_selected").value == job.id  # the running job is shown first
+    button(first, f"cancel_{job.id}").click().run()
+    second.run()
+    assert "Cancel requested" in texts(second)

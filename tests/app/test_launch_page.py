@@ -1,0 +1,101 @@
+"""Launch page: presets fill the form, invalid values are shown next to it, a valid config queues a job."""
+
+from __future__ import annotations
+
+import pytest
+
+from app import forms
+from jobs import api
+from jobs.kinds import KINDS, JobKind
+from tests.app.apptest import button, open_page, texts, widget
+
+
+@pytest.fixture
+def convert_kind(monkeypatch):
+    """The ``convert`` kind as the job system registers it (added here only if it is missing)."""
+    if "convert" not in KINDS:
+        monkeypatch.setitem(KINDS, "convert", JobKind(name="convert", config_model="core.config:ConvertConfig",
+                                                      run=lambda config, run_dir, progress: {}))
+
+
+def _select_preset(at, name):
+    widget(at, "selectbox", "launch_preset").set_value(name).run()
+    assert not at.exception
+
+
+def test_preset_fills_the_form_and_the_config_is_valid(fresh_ws):
+    at = open_page()
+    assert "Launch a conversion" in texts(at)
+    _select_preset(at, "tiny-test")
+    assert widget(at, "radio", "launch_model_choice").value == "tiny"
+    assert widget(at, "number_input", "launch_feature_dim").value == 8
+    assert widget(at, "number_input", "launch_window_size").value == 16
+    assert widget(at, "number_input", "launch_stage1_steps").value == 4
+    assert "The config is valid." in texts(at)
+    assert not button(at, "launch_submit").disabled
+    _select_preset(at, "paper-8b")
+    assert widget(at, "radio", "launch_model_choice").value == "hub"
+    assert widget(at, "text_input", "launch_model_path").value == "meta-llama/Meta-Llama-3-8B"
+    assert widget(at, "selectbox", "launch_dtype").value == "bfloat16"
+
+
+@pytest.mark.parametrize("kind, key, value, message", [
+    ("number_input", "launch_window_size", 0, "window_size must be an integer >= 1, got 0"),
+    ("text_input", "launch_stage1_lr", "0", "stage1.lr must be a finite number > 0"),
+    ("text_input", "launch_softmax_layers", "1, 1", "more than once"),
+    ("number_input", "launch_seq_len", 8, "data.seq_len (8) is smaller than attention.window_size (16)"),
+])
+def test_invalid_values_are_shown_inline_and_block_the_launch(fresh_ws, kind, key, value, message):
+    at = open_page()
+    _select_preset(at, "tiny-test")
+    widget(at, kind, key).set_value(value).run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert any(message in e for e in errors), errors
+    assert any("problem(s): fix them to launch" in e for e in errors)
+    assert button(at, "launch_submit").disabled
+    assert api.list_jobs(workspace=fresh_ws) == []
+
+
+def test_hub_model_needs_an_id(fresh_ws):
+    at = open_page()
+    widget(at, "radio", "launch_model_choice").set_value("hub").run()
+    assert any("model.source" in e.value and "hub id" in e.value for e in at.error)
+    widget(at, "text_input", "launch_model_path").set_value("HuggingFaceTB/SmolLM2-360M-Instruct").run()
+    assert not at.error and not button(at, "launch_submit").disabled
+
+
+def test_launch_queues_a_convert_job_with_the_form_config(fresh_ws, convert_kind):
+    at = open_page()
+    _select_preset(at, "tiny-test")
+    widget(at, "selectbox", "launch_attention_kind").set_value("sliding_window").run()
+    widget(at, "text_input", "launch_submit_name").set_value("my-run").run()
+    button(at, "launch_submit").click().run()
+    assert not at.exception and not at.error
+    jobs = api.list_jobs(workspace=fresh_ws)
+    assert len(jobs) == 1
+    job = jobs[0]
+    assert (job.kind, job.name, job.status) == ("convert", "my-run", "queued")
+    expected = forms.preset_config("tiny-test")
+    expected["attention"]["kind"] = "sliding_window"
+    assert job.config == expected
+    assert f"Queued job #{job.id}." in texts(at)
+
+
+def test_launch_error_from_the_job_system_is_shown(fresh_ws, convert_kind):
+    at = open_page()
+    _select_preset(at, "tiny-test")
+    widget(at, "text_input", "launch_submit_name").set_value("../outside").run()
+    button(at, "launch_submit").click().run()
+    assert any("escapes the workspace" in e.value for e in at.error), [e.value for e in at.error]
+    assert api.list_jobs(workspace=fresh_ws) == []
+
+
+def test_form_survives_a_page_switch(fresh_ws):
+    at = open_page()
+    _select_preset(at, "tiny-test")
+    widget(at, "number_input", "launch_stage1_steps").set_value(7).run()
+    at.switch_page("views/jobs.py").run()
+    at.switch_page("views/launch.py").run()
+    assert widget(at, "selectbox", "launch_preset").value == "tiny-test"
+    assert widget(at, "number_input", "launch_stage1_steps").value == 7

@@ -1,0 +1,101 @@
+"""Throughput page: charts and table from benchmark reports (read defensively), launching a benchmark."""
+
+from __future__ import annotations
+
+import pytest
+
+from app import bench_results
+from jobs import api, store
+from jobs.db import open_db
+from jobs.kinds import KINDS, JobKind
+from tests.app.apptest import button, open_page, plotly_figures, texts, widget
+
+
+@pytest.fixture
+def benchmark_kind(monkeypatch):
+    """The ``benchmark`` kind (added here only if the job system does not register it yet)."""
+    if "benchmark" not in KINDS:
+        monkeypatch.setitem(KINDS, "benchmark", JobKind(name="benchmark", config_model="core.bench:BenchConfig",
+                                                        run=lambda config, run_dir, progress: {}))
+
+
+def _finished_job(ws, report: dict, kind: str = "benchmark") -> int:
+    """A job row that succeeded with ``report`` (what the runner records)."""
+    db = open_db(ws)
+    job_id = store.insert_job(db, kind, {}, name="handmade")
+    claim = store.claim_next_job(db, "otherhost:1:1")
+    store.mark_succeeded(db, job_id, claim.attempt, report)
+    return job_id
+
+
+def test_charts_and_table_of_a_benchmark_job(seeded_ws):
+    at = open_page("views/throughput.py")
+    widget(at, "selectbox", "bench_job").set_value(seeded_ws.benchmark).run()
+    assert not at.exception
+    report = api.job_report(seeded_ws.benchmark, workspace=seeded_ws.workspace)
+    points = bench_results.normalise(report)
+    assert points and all(p["status"] == "ok" for p in points)
+    figs = plotly_figures(at)
+    assert len(figs) >= 2
+    titles = " ".join(str(f["layout"]["title"]["text"]) for f in figs)
+    assert "batch size" in titles and "context length" in titles
+    names = {t.get("name", "") for f in figs for t in f["data"]}
+    assert any(n.startswith("teacher") for n in names) and any(n.startswith("student") for n in names)
+    table = at.dataframe[0].value
+    assert len(table) == len(points)
+    row = table[(table["model"] == "student") & (table["batch"] == points[0]["batch_size"])].iloc[0]
+    match = next(p for p in points if p["model"] == "student" and p["batch_size"] == row["batch"]
+                 and p["context_length"] == row["context"])
+    assert row["decode tok/s"] == pytest.approx(match["decode_tokens_per_second"])
+    assert row["peak memory (MiB)"] == pytest.approx(match["peak_memory_bytes"] / 2**20)
+
+
+def test_foreign_report_falls_back_to_the_workbench_charts(fresh_ws):
+    report = {"points": [
+        {"variant": m, "batch": b, "context_length": 64, "tokens_per_second": 10.0 * b * (2 if m == "student" else 1),
+         "peak_memory_bytes": 2**20 * b}
+        for m in ("teacher", "student") for b in (1, 2, 4)]
+        + [{"variant": "teacher", "batch": 8, "context_length": 64, "status": "oom"}]}
+    job_id = _finished_job(fresh_ws, report)
+    at = open_page("views/throughput.py")
+    assert widget(at, "selectbox", "bench_job").value == job_id
+    assert not at.exception
+    assert any("Out of memory at: teacher batch 8 context 64" in w.value for w in at.warning)
+    figs = plotly_figures(at)
+    tps = next(f for f in figs if f["layout"]["title"]["text"] == "tokens/s (prefill + decode) vs batch size")
+    lines = {t["name"]: t["y"] for t in tps["data"]}
+    assert lines == {"teacher (context=64)": [10.0, 20.0, 40.0], "student (context=64)": [20.0, 40.0, 80.0]}
+
+
+@pytest.mark.parametrize("report", [{}, {"points": "nothing"}, {"points": [{"model": "teacher"}]}])
+def test_unreadable_report_is_reported_not_crashed(fresh_ws, report):
+    _finished_job(fresh_ws, report)
+    at = open_page("views/throughput.py")
+    assert not at.exception
+    assert any("holds no benchmark points" in w.value for w in at.warning)
+
+
+def test_launch_a_benchmark_from_the_page(fresh_ws, benchmark_kind):
+    at = open_page("views/throughput.py")
+    assert "No benchmark yet" in texts(at)
+    widget(at, "text_input", "bench_batches").set_value("1, 2").run()
+    widget(at, "text_input", "bench_contexts").set_value("64 128").run()
+    widget(at, "number_input", "bench_gen").set_value(8).run()
+    button(at, "bench_submit").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    jobs = api.list_jobs(workspace=fresh_ws)
+    assert [(j.kind, j.status) for j in jobs] == [("benchmark", "queued")]
+    cfg = jobs[0].config
+    assert (cfg["batch_sizes"], cfg["prompt_lengths"], cfg["gen_lengths"]) == ([1, 2], [64, 128], [8])
+    assert f"Queued benchmark job #{jobs[0].id}." in texts(at)
+
+
+def test_benchmark_settings_errors_are_shown(fresh_ws, benchmark_kind):
+    at = open_page("views/throughput.py")
+    widget(at, "text_input", "bench_batches").set_value("1, two").run()
+    button(at, "bench_submit").click().run()
+    assert any("batch sizes: expected whole numbers" in e.value for e in at.error)
+    widget(at, "text_input", "bench_batches").set_value("0").run()
+    button(at, "bench_submit").click().run()
+    assert any("batch_sizes must be >= 1" in e.value for e in at.error), [e.value for e in at.error]
+    assert api.list_jobs(workspace=fresh_ws) == []
