@@ -46,6 +46,28 @@ def _roll_rows(x: torch.Tensor, shift: torch.Tensor, dim: int) -> torch.Tensor:
     return x.gather(dim, idx)
 
 
+def left_align(q, k, v, q_feat, k_feat, attention_mask):
+    """Roll each row so its first real token sits at index 0 (positions then equal indices).
+
+    Returns ``((q, k, v, q_feat, k_feat), mask, shift)``: ``mask`` is the rolled [B, L] bool key
+    mask (None without one), ``shift`` the per-row roll to undo with :func:`restore_rows`
+    (None when no row needed one)."""
+    tensors = (q, k, v, q_feat, k_feat)
+    if attention_mask is None:
+        return tensors, None, None
+    L = q.shape[2]
+    mask = attention_mask.to(device=q.device).bool()
+    shift = _leading_pad(mask)
+    if not bool((shift % L != 0).any()):
+        return tensors, mask, None
+    return tuple(_roll_rows(t, shift, 2) for t in tensors), _roll_rows(mask, shift, 1), shift
+
+
+def restore_rows(y: torch.Tensor, shift: torch.Tensor | None) -> torch.Tensor:
+    """Undo :func:`left_align` on an output [B, H, L, d]."""
+    return y if shift is None else _roll_rows(y, (-shift) % y.shape[2], 2)
+
+
 def _pad_len(x: torch.Tensor, dim: int, front: int, back: int) -> torch.Tensor:
     pad = [0, 0] * (x.dim() - 1 - dim) + [front, back]
     return F_.pad(x, pad)
@@ -151,19 +173,9 @@ def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, a
     out_dtype = q.dtype
     B, H, L, d = q.shape
     scale = d**-0.5 if scale is None else scale
-    q, k, v, qf, kf = (t.float() for t in (q, k, v, q_feat, k_feat))
-    if attention_mask is None:
+    (q, k, v, qf, kf), mask, shift = left_align(*(t.float() for t in (q, k, v, q_feat, k_feat)), attention_mask)
+    if mask is None:
         mask = torch.ones(B, L, dtype=torch.bool, device=q.device)
-        shift = None
-    else:
-        mask = attention_mask.to(device=q.device).bool()
-        shift = _leading_pad(mask)
-        if bool((shift % L != 0).any()):
-            q, qf = _roll_rows(q, shift, 2), _roll_rows(qf, shift, 2)
-            k, v, kf = _roll_rows(k, shift, 2), _roll_rows(v, shift, 2), _roll_rows(kf, shift, 2)
-            mask = _roll_rows(mask, shift, 1)
-        else:
-            shift = None
     kf = kf * mask[:, None, :, None]
     vm = v * mask[:, None, :, None]
 
@@ -179,6 +191,4 @@ def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, a
         else:
             num, den = terraced_linear_terms(qf, kf, vm, window_size)
         y = _safe_div(U + num, D + den)
-    if shift is not None:
-        y = _roll_rows(y, (-shift) % L, 2)
-    return y.to(out_dtype)
+    return restore_rows(y, shift).to(out_dtype)

@@ -70,7 +70,7 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import INTERPRETER, tl, triton
-from kernels.hybrid.torch_chunked import _leading_pad, _roll_rows
+from kernels.hybrid.torch_chunked import left_align, restore_rows
 
 KIND_IDS = {"linear": 0, "sliding_window": 1, "terraced": 2}
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -690,24 +690,12 @@ def hybrid_attention_triton(
     qf, kf = q_feat.to(fdtype), k_feat.to(fdtype)
     q, k, v, qf, kf = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, qf, kf))
 
-    shift = None
-    kmask = None
-    if attention_mask is not None:
-        mask = attention_mask.to(device=q.device).bool()
-        shift = _leading_pad(mask)
-        if bool((shift % L != 0).any()):
-            q, qf = _roll_rows(q, shift, 2), _roll_rows(qf, shift, 2)
-            k, v, kf = _roll_rows(k, shift, 2), _roll_rows(v, shift, 2), _roll_rows(kf, shift, 2)
-            mask = _roll_rows(mask, shift, 1)
-        else:
-            shift = None
-        kmask = mask.to(torch.uint8).contiguous()
+    (q, k, v, qf, kf), mask, shift = left_align(q, k, v, qf, kf, attention_mask)
+    kmask = None if mask is None else mask.to(torch.uint8).contiguous()
     cfg = block_config(d, Fd, block_t, block_s, num_warps)
     fixed = block_t is not None or block_s is not None or num_warps is not None
     y = HybridAttentionFunction.apply(q, k, v, qf, kf, mix, kmask, kind, int(window_size), scale, cfg, fixed)
-    if shift is not None:
-        y = _roll_rows(y, (-shift) % L, 2)
-    return y.to(out_dtype)
+    return restore_rows(y, shift).to(out_dtype)
 
 
 __all__ = ["HybridAttentionFunction", "block_config", "hybrid_attention_triton"]
