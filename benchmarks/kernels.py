@@ -389,7 +389,6 @@ def decode(args) -> list[dict]:
 
     rows = []
     H, Hkv, d, F, w = args.heads, args.kv_heads, args.head_dim, args.feature_dim, args.window
-    G = H // Hkv
     dtype = DTYPES[args.dtype]
     mix = torch.randn(H, device=DEV)
     with torch.no_grad():

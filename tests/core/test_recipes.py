@@ -1,6 +1,5 @@
 """Stage 1 and stage 2 on a tiny random model: they learn, checkpoint, resume and fail clearly."""
 
-import math
 
 import pytest
 import torch

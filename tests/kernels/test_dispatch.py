@@ -12,7 +12,6 @@ import torch
 
 from core.attention import hybrid_attention
 from kernels import dispatch
-from kernels.hybrid.torch_chunked import hybrid_attention_torch
 from tests.kernels.conftest import DEVICE
 from tests.kernels.utils import assert_close, make_inputs
 
