@@ -160,8 +160,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--decode-steps", type=int, default=50)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "attention-cpu.json")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--point", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        os.environ["LOLCATS_BENCH_THREADS"] = str(args.threads)  # inherited by the per-point subprocesses
+    elif os.environ.get("LOLCATS_BENCH_THREADS"):
+        torch.set_num_threads(int(os.environ["LOLCATS_BENCH_THREADS"]))
     if args.point:
         impl, kind, L, reps = args.point
         print(json.dumps(prefill_point(impl, kind, int(L), int(reps))))

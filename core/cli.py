@@ -173,6 +173,30 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     @user_errors
+    def bench(
+        model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help="Model source."),
+        checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Converted run to measure instead of a fresh conversion."),
+        batch_sizes: str = typer.Option("1,2,4,8", help="Comma-separated batch sizes."),
+        prompt_lengths: str = typer.Option("512,1024,2048,4096", help="Comma-separated prompt lengths."),
+        gen_lengths: str = typer.Option("8", help="Comma-separated generation lengths."),
+        threads: Optional[int] = typer.Option(None, help="torch threads during the sweep."),
+        output: Path = typer.Option(Path("bench.json"), "--output", "-o", help="JSON result file."),
+        workspace: Optional[Path] = WorkspaceOpt,
+    ):
+        """Throughput (tokens/s) and peak memory, teacher vs student, prefill and decode."""
+        from core.bench import BenchConfig, run_benchmark, write_result
+
+        ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
+        cfg = BenchConfig(model=model, student_checkpoint=str(checkpoint) if checkpoint else None,
+                          batch_sizes=ints(batch_sizes), prompt_lengths=ints(prompt_lengths),
+                          gen_lengths=ints(gen_lengths), threads=threads,
+                          workspace=str(workspace) if workspace else None)
+        with RichProgress() as progress:
+            result = run_benchmark(cfg, progress)
+        console.print(f"written: {write_result(result, output)}")
+
+    @app.command()
+    @user_errors
     def ablate(
         preset: str = typer.Option("cpu-demo", "--preset", "-p", help="Base config preset."),
         config: Optional[Path] = typer.Option(None, "--config", help="YAML overriding the preset."),

@@ -12,8 +12,8 @@ PRESETS: dict[str, dict] = {
     # The bundled model on 2 CPU cores in about 10 minutes: short stages, a higher LoRA lr.
     "cpu-demo": {
         "data": {"seq_len": 256, "val_examples": 64, "max_examples": 1000},
-        "stage1": {"steps": 60, "grad_accum": 2, "eval_every": 20, "eval_blocks": 4},
-        "stage2": {"steps": 60, "grad_accum": 2, "lr": 1e-3, "eval_every": 20, "eval_blocks": 4},
+        "stage1": {"steps": 30, "grad_accum": 2, "eval_every": 10, "eval_blocks": 4},
+        "stage2": {"steps": 24, "grad_accum": 2, "lr": 1e-3, "eval_every": 8, "eval_blocks": 4},
         "eval": {"ppl_blocks": 8, "mse_blocks": 2, "passkey_lengths": [128, 256], "passkey_depths": [0.2, 0.8],
                  "passkey_trials": 1, "samples": 2, "max_new_tokens": 24},
     },

@@ -226,3 +226,27 @@ def _register_convert_presets() -> None:
 
 
 _register_convert_presets()
+
+
+def run_benchmark_job(config, run_dir: Path, progress) -> dict:
+    """The ``benchmark`` kind: teacher vs student throughput and memory sweep (report.json)."""
+    import dataclasses
+
+    from core.bench import run_benchmark, write_result
+
+    config = dataclasses.replace(config, workspace=str(Path.cwd()))  # share the workspace's model cache
+    result = run_benchmark(config, progress)
+    write_result(result, run_dir / "report.json")
+    return result
+
+
+register_kind(JobKind(
+    name="benchmark",
+    config_model="core.bench:BenchConfig",
+    run=run_benchmark_job,
+    description="Throughput and memory, teacher vs converted student, over batch size and context length.",
+    resume_safe=frozenset({"threads", "warmup"}),
+))
+register_preset("bench-cpu", "benchmark", {"batch_sizes": [1, 4], "prompt_lengths": [256, 1024], "gen_lengths": [8],
+                                           "threads": 1},
+                "a few minutes on CPU: batch 1-4, context 256-1024")

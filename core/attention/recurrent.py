@@ -88,8 +88,9 @@ def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
     S, z = _fold(S, z, k_feat, v, fold.float())
     K = min(window_capacity(kind, w), L)
     keep = slice(L - K, L)
+    # clone: a view would keep the whole prompt's keys and values alive until the first decode step
     return HybridState(
-        S, z, k[:, :, keep], v[:, :, keep], pos[:, keep], (mask & ~fold)[:, keep], first, L
+        S, z, k[:, :, keep].clone(), v[:, :, keep].clone(), pos[:, keep], (mask & ~fold)[:, keep], first, L
     )
 
 
