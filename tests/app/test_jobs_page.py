@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from core.presets import PRESETS
 from jobs import api, store
 from jobs.db import open_db
 from tests.app.apptest import button, open_page, texts, widget
@@ -54,7 +55,7 @@ def test_empty_state_launches_the_demo(fresh_ws):
     assert not at.exception
     jobs = api.list_jobs(workspace=fresh_ws)
     assert [(j.kind, j.name, j.status) for j in jobs] == [("convert", "cpu-demo", "queued")]
-    assert jobs[0].config["stage1"]["steps"] == 60  # the cpu-demo preset
+    assert jobs[0].config["stage1"]["steps"] == PRESETS["cpu-demo"]["stage1"]["steps"]  # the cpu-demo preset
     assert f"Queued the demo conversion as job #{jobs[0].id}" in texts(at)
 
 
