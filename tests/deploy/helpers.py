@@ -8,26 +8,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
+from tests.jobs.jobs_testutil import wait_for  # noqa: F401  (re-exported for the deploy tests)
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.1):
-    """Poll until ``predicate()`` is truthy; return its value or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def free_ports(n: int) -> list[int]:
@@ -82,7 +70,7 @@ class RayHead:
             except OSError:
                 return False
 
-        wait_for(up, timeout, "the Ray head's Jobs API", interval=0.5)
+        wait_for(up, timeout, what="the Ray head's Jobs API", interval=0.5)
         return self.address
 
     def remember_processes(self) -> None:

@@ -143,7 +143,7 @@ def test_worker_health_check_command(compose, tmp_path):
             result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
             return result if result.returncode == 0 else None
 
-        result = wait_for(healthy, 60, "the worker health check to pass", interval=0.5)
+        result = wait_for(healthy, 60, what="the worker health check to pass", interval=0.5)
         assert result.stdout.startswith("ok: worker pid") and f"{worker.pid}" in result.stdout
     finally:
         worker.terminate()

@@ -156,7 +156,7 @@ def test_selftest_jobs_on_a_local_ray_head(ray_head, tmp_path):
         try:
             for job_id in (polite, stubborn):  # both report steps: the remote jobs write their own metrics
                 wait_for(lambda job_id=job_id: (api.get_job(job_id, workspace=ws).progress_step or 0) >= 2, 90,
-                         f"job {job_id} to report steps\n{log.read_text(errors='replace')}")
+                         what=f"job {job_id} to report steps\n{log.read_text(errors='replace')}")
             api.cancel_job(polite, workspace=ws)
             api.cancel_job(stubborn, workspace=ws)
             assert worker.wait(90) == 0, log.read_text(errors="replace")
