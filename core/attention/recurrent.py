@@ -23,21 +23,9 @@ from typing import Callable
 
 import torch
 
+from kernels.hybrid.window import append_token, window_capacity, window_start
+
 KeyFeatures = Callable[[torch.Tensor], torch.Tensor]  # raw keys [B, H_kv, K, d] -> [B, H, K, F]
-
-
-def window_capacity(kind: str, w: int) -> int:
-    """Window-cache columns kept between steps."""
-    return {"linear": 0, "sliding_window": w, "terraced": 2 * w}[kind]
-
-
-def lower_bound(kind: str, w: int, pos: torch.Tensor) -> torch.Tensor:
-    """First position still inside the window of a query at ``pos``."""
-    if kind == "linear":
-        return pos + 1
-    if kind == "sliding_window":
-        return pos - w + 1
-    return w * (torch.div(pos, w, rounding_mode="floor") - 1)
 
 
 @dataclass
@@ -81,7 +69,7 @@ def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
     has = mask.any(-1)
     first = torch.where(has, (mask.long().cumsum(-1) == 0).sum(-1), torch.full_like(has, -1, dtype=torch.long))
     pos = idx[None, :] - first[:, None]  # [B, L]
-    lb = lower_bound(kind, w, (L - 1) - first)  # [B]
+    lb = window_start(kind, w, (L - 1) - first)  # [B]
     fold = mask & (pos < lb[:, None])
     S = torch.zeros(B, H, Fd, d, device=k.device, dtype=torch.float32)
     z = torch.zeros(B, H, Fd, device=k.device, dtype=torch.float32)
@@ -102,15 +90,10 @@ def decode_step(state: HybridState, kind, w, q, k, v, q_feat, mix, valid, key_fe
     Hkv = k.shape[1]
     G = H // Hkv
     n = state.seen
-    first = torch.where((state.first < 0) & valid, torch.full_like(state.first, n), state.first)
-    pos = torch.where(first >= 0, n - first, torch.full_like(first, -1))
-    win_k = torch.cat([state.win_k, k], dim=2)
-    win_v = torch.cat([state.win_v, v], dim=2)
-    win_pos = torch.cat([state.win_pos, pos[:, None]], dim=1)
-    win_valid = torch.cat([state.win_valid, valid[:, None]], dim=1)
+    first, pos, win_k, win_v, win_pos, win_valid = append_token(state, k, v, valid)
 
     # fold the keys that leave the window into (S, z)
-    fold = win_valid & (win_pos < lower_bound(kind, w, pos)[:, None])
+    fold = win_valid & (win_pos < window_start(kind, w, pos)[:, None])
     S, z = state.S, state.z
     cols = fold.any(0).nonzero().flatten()
     if cols.numel():

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import INTERPRETER, tl, triton
+from kernels.hybrid.window import append_token, window_capacity, window_start
 
 
 @triton.jit
@@ -96,18 +97,6 @@ def hybrid_decode_kernel(
     tl.store(y + i_bh.to(tl.int64) * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
 
 
-def _capacity(kind: str, w: int) -> int:
-    return {"linear": 0, "sliding_window": w, "terraced": 2 * w}[kind]
-
-
-def _window_start(kind: str, w: int, pos: torch.Tensor) -> torch.Tensor:
-    if kind == "linear":
-        return pos + 1
-    if kind == "sliding_window":
-        return pos - w + 1
-    return w * (torch.div(pos, w, rounding_mode="floor") - 1)
-
-
 def _fold_candidates(kind: str, w: int, columns: int) -> int:
     """How many leading cache columns (of ``columns`` after appending) can leave the window."""
     if kind == "linear":
@@ -135,13 +124,8 @@ def hybrid_decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_f
     Hkv = k.shape[1]
     G = H // Hkv
     n = state.seen
-    first = torch.where((state.first < 0) & valid, torch.full_like(state.first, n), state.first)
-    pos = torch.where(first >= 0, n - first, torch.full_like(first, -1))
-    win_k = torch.cat([state.win_k, k], dim=2)
-    win_v = torch.cat([state.win_v, v], dim=2)
-    win_pos = torch.cat([state.win_pos, pos[:, None]], dim=1)
-    win_valid = torch.cat([state.win_valid, valid[:, None]], dim=1)
-    fold = win_valid & (win_pos < _window_start(kind, w, pos)[:, None])
+    first, pos, win_k, win_v, win_pos, win_valid = append_token(state, k, v, valid)
+    fold = win_valid & (win_pos < window_start(kind, w, pos)[:, None])
 
     ncand = _fold_candidates(kind, w, win_k.shape[2])
     if kind == "terraced" and ncand:
@@ -158,7 +142,7 @@ def hybrid_decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_f
     kfold = kfold if kfold.stride(-1) == 1 else kfold.contiguous()
     vfold = vfold if vfold.stride(-1) == 1 else vfold.contiguous()
     win_valid = win_valid & ~fold
-    start = max(win_pos.shape[1] - _capacity(kind, w), 0)
+    start = max(win_pos.shape[1] - window_capacity(kind, w), 0)
     win_k, win_v = win_k[:, :, start:], win_v[:, :, start:]
     win_pos, win_valid = win_pos[:, start:], win_valid[:, start:]
 
