@@ -8,6 +8,12 @@ A checkpoint is a folder::
 
 Writes are atomic: the folder is written under a temporary name and renamed over the old one,
 so a crash or a full disk leaves the previous checkpoint valid.
+
+Checkpoints have one layout whatever the number of processes that trained: parameters and
+optimizer states sharded across processes (FSDP's ``DTensor``) are gathered whole when saved
+(:func:`trainable_state`, :func:`optimizer_state`: collectives, so every process calls them) and
+cut back into this process's shard when loaded (:func:`load_trainable`, :func:`load_optimizer_state`:
+local, every process reads the same file). A stage can so resume on another process count.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 TENSORS = "tensors.safetensors"
 OPTIMIZER = "optimizer.safetensors"
@@ -34,8 +41,44 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, unsafe, corrupted or does not match the model."""
 
 
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """The full tensor behind ``t``: a sharded ``DTensor`` is gathered (a collective), others pass."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def shard_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``value`` (a full tensor) on ``like``'s device and dtype, cut into this process's shard when
+    ``like`` is a ``DTensor``. Local: every process must pass the same ``value``."""
+    value = value.to(device=like.device, dtype=like.dtype)
+    if isinstance(like, DTensor):
+        return distribute_tensor(value, like.device_mesh, like.placements, src_data_rank=None)
+    return value
+
+
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    """Trainable parameters by name, whole, on the CPU (a collective for sharded models)."""
+    return {n: whole(p.detach()).cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with sharded states gathered whole (a collective for sharded models)."""
+    sd = optimizer.state_dict()
+    sd["state"] = {i: {k: whole(v) if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+                   for i, s in sd["state"].items()}
+    return sd
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, sd: dict[str, Any]) -> None:
+    """Load a state saved by :func:`optimizer_state`, sharding each state like its parameter.
+
+    ``Optimizer.load_state_dict`` only moves states to the parameter's device; per-parameter
+    states of a sharded parameter must be sharded too, which this adds."""
+    optimizer.load_state_dict(sd)
+    for p, s in optimizer.state.items():
+        if isinstance(p, DTensor):
+            for k, v in s.items():
+                if isinstance(v, torch.Tensor) and not isinstance(v, DTensor) and v.shape == p.shape:
+                    s[k] = shard_like(v, p)
 
 
 def _flatten(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -71,9 +114,10 @@ def save_checkpoint(
     path: str | os.PathLike,
     tensors: dict[str, torch.Tensor],
     state: dict[str, Any],
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: dict[str, Any] | None = None,
 ) -> Path:
-    """Atomically write a checkpoint folder at ``path`` (replacing any previous one)."""
+    """Atomically write a checkpoint folder at ``path`` (replacing any previous one);
+    ``optimizer`` is a state dict (:func:`optimizer_state`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -84,7 +128,7 @@ def save_checkpoint(
         state["torch_rng"] = torch.get_rng_state().tolist()
         if optimizer is not None:
             opt_tensors: dict[str, torch.Tensor] = {}
-            state["optimizer"] = _flatten(optimizer.state_dict(), "opt", opt_tensors)
+            state["optimizer"] = _flatten(optimizer, "opt", opt_tensors)
             save_file(opt_tensors, str(tmp / OPTIMIZER))
         with open(tmp / STATE, "w") as f:
             json.dump(state, f, indent=1)
@@ -134,7 +178,8 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def load_trainable(model: nn.Module, tensors: dict[str, torch.Tensor], what: str = "checkpoint") -> None:
-    """Copy ``tensors`` into the model's parameters, checking every name and shape."""
+    """Copy ``tensors`` into the model's parameters (into this process's shard of sharded ones),
+    checking every name and shape."""
     params = dict(model.named_parameters())
     missing = [n for n in tensors if n not in params]
     if missing:
@@ -150,4 +195,4 @@ def load_trainable(model: nn.Module, tensors: dict[str, torch.Tensor], what: str
                 f"and {tuple(p.shape)} in the model (different base model, feature_dim or heads?)"
             )
         with torch.no_grad():
-            p.copy_(value.to(p.dtype))
+            p.copy_(shard_like(value, p))

@@ -14,11 +14,19 @@ exactly as the single-process block-wise run does, and rank 0 gathers every bloc
 into ``<run>/stage1/best`` (:func:`core.recipes.distill_attention.gather_blocks`). The result
 equals the single-process block-wise run's, tensor for tensor. No gradient ever crosses processes.
 
-Stage 2 (LoRA) is data-parallel through accelerate (DDP: gloo on CPU, NCCL on GPUs). Every
-process holds the whole model; of each optimizer step's ``grad_accum`` micro-batches, process
-``r`` takes ``r, r + N, ...``; gradients are averaged across processes before the step, so a step
-equals the single-process step with the same global batch (``batch_size x grad_accum``, which
-must be a multiple of ``N``). Rank 0 reports progress and writes the checkpoints.
+Stage 2 (LoRA) is data-parallel. Every process sees the whole model; of each optimizer step's
+``grad_accum`` micro-batches, process ``r`` takes ``r, r + N, ...``; gradients are averaged across
+processes before the step, so a step equals the single-process step with the same global batch
+(``batch_size x grad_accum``, which must be a multiple of ``N``). Rank 0 reports progress and
+writes the checkpoints. Two strategies (``--strategy``):
+
+- ``ddp`` (default): accelerate's DDP (gloo on CPU, NCCL on GPUs); every process holds a full copy.
+- ``fsdp``, for models that do not fit one device: torch's ``fully_shard`` (FSDP2) shards each
+  decoder layer and the rest of the model across the processes, so each holds about 1/N of the
+  weights and gathers one layer at a time. The model is loaded on the CPU (each process needs the
+  host memory for one copy) and moved to its device shard by shard. Chosen also when
+  ``accelerate launch`` is configured for FSDP. accelerate's own FSDP wrapper is not used: it
+  refuses CPU processes, and the sharding here is the same ``fully_shard`` it calls.
 
 Both commands continue whatever the run folder already holds (each block and stage resumes from
 its last checkpoint) after checking that the folder's ``config.json`` matches the config. All
@@ -118,24 +126,38 @@ def rank_device(device: str, local_rank: int) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-class DataParallel:
-    """:class:`core.recipes.loop.Parallel` over an ``accelerate.Accelerator``'s processes.
+STRATEGIES = ("ddp", "fsdp")
 
-    ``prepare(model)`` wraps the model for the configured strategy (DDP); the training loop calls
-    ``backward(loss, sync)`` per micro-batch, with gradient sync only on a process's last one."""
+
+def stage2_strategy(requested: str | None, distributed_type) -> str:
+    """``ddp`` or ``fsdp``: the one asked for, else FSDP when accelerate is configured for it, else DDP.
+    accelerate modes this module does not drive (DeepSpeed, Megatron-LM, XLA, ...) are refused."""
+    from accelerate.utils import DistributedType
+
+    if requested is not None and requested not in STRATEGIES:
+        raise ConfigError(f"unknown stage 2 strategy {requested!r}; choose one of {', '.join(STRATEGIES)}")
+    if distributed_type == DistributedType.FSDP:
+        if requested == "ddp":
+            raise ConfigError("accelerate is configured for FSDP but --strategy ddp was given; drop one of the two")
+        return "fsdp"
+    if distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        raise ConfigError(
+            f"stage 2 runs with DDP or FSDP; accelerate is configured for {distributed_type.value}, which is not "
+            "supported here. Launch with `accelerate launch --multi_gpu --num_processes N` or torchrun, and pass "
+            "--strategy fsdp to shard the model"
+        )
+    return requested or "ddp"
+
+
+class DataParallel:
+    """:class:`core.recipes.loop.Parallel` over an ``accelerate.Accelerator``'s processes, DDP.
+
+    ``prepare(model)`` wraps the model; the training loop calls ``backward(loss, sync)`` per
+    micro-batch, with gradient sync only on a process's last one."""
 
     def __init__(self, accelerator):
-        from accelerate.utils import DistributedType
-
         self.accelerator = accelerator
         self.rank, self.world_size = accelerator.process_index, accelerator.num_processes
-        if accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU,
-                                                DistributedType.MULTI_GPU):
-            raise ConfigError(
-                f"stage 2 runs data-parallel (DDP) only; accelerate is configured for "
-                f"{accelerator.distributed_type.value}, which shards the model and is not supported here. Launch with "
-                "`accelerate launch --multi_gpu --num_processes N` or torchrun"
-            )
         self.wrapped: nn.Module | None = None
 
     def prepare(self, model: nn.Module) -> nn.Module:
@@ -166,6 +188,43 @@ class DataParallel:
 
     def barrier(self) -> None:
         self.accelerator.wait_for_everyone()
+
+
+class ShardedDataParallel(DataParallel):
+    """FSDP: parameters sharded across the processes with torch's ``fully_shard`` (FSDP2).
+
+    Each decoder layer is one sharding unit (gathered for its forward and backward, then freed);
+    the root unit holds embeddings, final norm and head. Frozen and LoRA parameters shard alike;
+    gradients exist only for the LoRA ones and are reduce-scattered (averaged) across processes
+    on a process's last micro-batch of a step. Parameters become ``DTensor`` shards; checkpoints
+    gather them whole (:mod:`core.checkpoint`)."""
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Shard ``model`` in place onto this process's device; returns it."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        from core.lora import base_model
+        from core.surgery import decoder_layers
+
+        mesh = init_device_mesh(self.accelerator.device.type, (self.world_size,))
+        for layer in decoder_layers(base_model(model)):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        self.wrapped = model
+        return model
+
+    def backward(self, loss: torch.Tensor, sync: bool) -> None:
+        self.wrapped.set_requires_gradient_sync(sync)
+        loss.backward()
+
+
+def held_fraction(model: nn.Module) -> tuple[int, int]:
+    """(parameter elements this process holds, parameter elements of the whole model)."""
+    from core.recipes.loop import local
+
+    params = list(model.parameters())
+    return sum(local(p).numel() for p in params), sum(p.numel() for p in params)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,11 +332,12 @@ def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str 
 
 
 def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str | os.PathLike | None = None,
-               progress: ProgressCallback | None = None) -> dict:
+               progress: ProgressCallback | None = None, strategy: str | None = None) -> dict:
     """Data-parallel LoRA fine-tuning of a run whose stage 1 is finished (or disabled).
 
     One process (no launcher) runs the ordinary single-process loop; under ``accelerate launch``
-    or torchrun every process takes its share of each step's micro-batches."""
+    or torchrun every process takes its share of each step's micro-batches, with the model
+    replicated (``strategy="ddp"``) or sharded (``"fsdp"``); ``None`` picks from accelerate's config."""
     from accelerate import Accelerator
 
     from core.convert import _finished
@@ -295,12 +355,14 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
         raise ConfigError(f"stage2.grad_accum ({spec.grad_accum}) must be a multiple of the number of processes "
                           f"({world}): each process takes grad_accum / {world} micro-batches of every step")
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision="no")
+    strategy = stage2_strategy(strategy, accelerator.distributed_type)
+    sharded = strategy == "fsdp" and accelerator.num_processes > 1
     rank = accelerator.process_index
     progress = progress or RankProgress(rank)
     main = accelerator.is_main_process
     try:
-        model, train, val = _prepare(config, output, workspace, str(accelerator.device), main,
-                                     accelerator.wait_for_everyone)
+        load_on = "cpu" if sharded else str(accelerator.device)  # sharding moves each shard to the device
+        model, train, val = _prepare(config, output, workspace, load_on, main, accelerator.wait_for_everyone)
         linearize(model, config.attention.linearize_config())
         if config.stage1.enabled:
             if not _finished(output, "stage1", config.stage1.steps):
@@ -314,13 +376,15 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
             return {"finished": True}
         if accelerator.num_processes == 1:
             return train_stage2(model, spec, train, val, output, progress, config.seed, config.model_dump())
-        parallel = DataParallel(accelerator)
+        parallel = (ShardedDataParallel if sharded else DataParallel)(accelerator)
         wrapped = parallel.prepare(model)
-        progress.on_log(f"stage2: data-parallel over {parallel.world_size} processes "
-                        f"({accelerator.distributed_type.value}), {spec.grad_accum // parallel.world_size} "
-                        "micro-batches per process and step")
+        held, total = held_fraction(wrapped)
+        progress.on_log(f"stage2: {'sharded (FSDP)' if sharded else 'data-parallel (DDP)'} over "
+                        f"{parallel.world_size} processes on {accelerator.device.type}, "
+                        f"{spec.grad_accum // parallel.world_size} micro-batches per process and step; this process "
+                        f"holds {held:,} of {total:,} parameter elements")
         return train_stage2(model, spec, train, val, output, progress, config.seed, config.model_dump(),
-                            parallel=parallel, forward_model=wrapped)
+                            parallel=parallel, forward_model=wrapped)  # FSDP shards in place: the same module
     finally:
         if dist.is_initialized():  # no collective here: after an error the launcher stops the other processes
             dist.destroy_process_group()
@@ -347,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", "-o", required=True, help="run folder (relative: under <workspace>/runs)")
     parser.add_argument("--workspace", "-w", default=None, help="workspace (default: $LOLCATS_WORKSPACE or ./workspace)")
     parser.add_argument("--result", type=Path, default=None, help="rank 0 also writes its result here as JSON")
+    parser.add_argument("--strategy", choices=STRATEGIES, default=None,
+                        help="stage 2 only: ddp replicates the model on every process, fsdp shards it "
+                             "(default: fsdp when accelerate is configured for FSDP, else ddp)")
     args = parser.parse_args(argv)
     from core.errors import USER_ERRORS
 
@@ -355,8 +422,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("give --config CONFIG.yaml or --preset NAME")
         config = load_config(args.config, args.preset)
         output = _output(args.output, args.workspace)
-        run = run_stage1 if args.stage == "stage1" else run_stage2
-        result = run(config, output, args.workspace)
+        if args.stage == "stage1":
+            if args.strategy is not None:
+                raise ConfigError("--strategy is for stage 2; stage 1 is block-wise: each process trains whole "
+                                  "blocks of layers on its own")
+            result = run_stage1(config, output, args.workspace)
+        else:
+            result = run_stage2(config, output, args.workspace, strategy=args.strategy)
     except StopRequested as exc:
         print(f"stopped: {exc}", file=sys.stderr)
         return 3

@@ -11,7 +11,8 @@ Data-parallel training (``parallel``, see :class:`Parallel` and :mod:`core.distr
 process runs the same loop on the same parameters; process ``r`` of ``N`` takes micro-batches
 ``r, r + N, ...`` of each accumulation group, gradients are averaged across processes before the
 optimizer step (so the step equals the single-process step with the same global batch), stop
-requests and checkpoint writes belong to rank 0, and metrics are summed across processes.
+requests and checkpoint writes belong to rank 0 (every process takes part in gathering sharded
+parameters for a checkpoint), and metrics are summed across processes.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from typing import Callable, Protocol
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
-from core.checkpoint import load_checkpoint, load_trainable, restore_rng, save_checkpoint, trainable_state
+from core.checkpoint import (load_checkpoint, load_optimizer_state, load_trainable, optimizer_state, restore_rng,
+                             save_checkpoint, trainable_state)
 from core.progress import ProgressCallback, StopRequested
 
 Batch = dict[str, torch.Tensor]
@@ -54,7 +57,8 @@ class LoopSpec:
 
 
 class Parallel(Protocol):
-    """One process's part in data-parallel training (implemented by :class:`core.distributed.DataParallel`)."""
+    """One process's part in data-parallel training (:class:`core.distributed.DataParallel` for DDP and
+    :class:`core.distributed.ShardedDataParallel` for FSDP)."""
 
     rank: int
     world_size: int
@@ -133,18 +137,18 @@ def run_loop(
     if last_dir.exists():
         tensors, state = load_checkpoint(last_dir)
         load_trainable(model, tensors, f"{spec.stage} checkpoint {last_dir}")
-        opt.load_state_dict(state["optimizer"])
+        load_optimizer_state(opt, state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         start, best_val = state["step"], state["best_val_loss"]
         restore_rng(state)
         progress.on_log(f"{spec.stage}: resuming after step {start} from {last_dir}")
 
-    def save(step: int) -> None:
-        if not main:
-            return
-        state = {"stage": spec.stage, "step": step, "best_val_loss": best_val, "scheduler": sched.state_dict(),
-                 "config": config}
-        save_checkpoint(last_dir, trainable_state(model), state, opt)
+    def save(step: int) -> None:  # every process gathers (sharded models), rank 0 writes
+        tensors, opt_state = trainable_state(model), optimizer_state(opt)
+        if main:
+            state = {"stage": spec.stage, "step": step, "best_val_loss": best_val, "scheduler": sched.state_dict(),
+                     "config": config}
+            save_checkpoint(last_dir, tensors, state, opt_state)
 
     step = start
     try:
@@ -171,7 +175,7 @@ def run_loop(
                     parallel.backward(loss * (parallel.world_size / spec.grad_accum), sync=j == len(mine) - 1)
                 for k, v in {"loss": loss.item(), **metrics}.items():
                     totals[k] = totals.get(k, 0.0) + v / spec.grad_accum
-            grads_finite = all(torch.isfinite(p.grad).all() for p in params if p.grad is not None)
+            grads_finite = all(torch.isfinite(local(p.grad)).all() for p in params if p.grad is not None)
             if parallel is not None:  # every process must take the same decision
                 totals = parallel.all_sum(totals)
                 if not math.isfinite(totals["loss"]):
@@ -195,9 +199,10 @@ def run_loop(
                     progress.on_step(spec.stage, step, spec.steps, {"val_loss": val, **val_metrics}, layer_metrics)
                 if val < best_val:
                     best_val = val
+                    tensors = trainable_state(model)
                     if main:
-                        save_checkpoint(best_dir, trainable_state(model), {"stage": spec.stage, "step": step,
-                                                                            "val_loss": val, "config": config})
+                        save_checkpoint(best_dir, tensors, {"stage": spec.stage, "step": step, "val_loss": val,
+                                                            "config": config})
                 save(step)
     except RuntimeError as e:
         if is_oom(e) and not isinstance(e, NonFiniteLossError):
@@ -209,6 +214,11 @@ def run_loop(
         parallel.barrier()  # rank 0's last checkpoints are written before anyone reads them
     model.eval()
     return {"best_val_loss": best_val, "steps": spec.steps, "resumed_from": start}
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of ``t`` (its shard when ``t`` is a sharded ``DTensor``)."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _non_finite(stage: str, value: float, step: int, last_dir: Path) -> str:

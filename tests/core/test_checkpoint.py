@@ -33,10 +33,10 @@ def test_optimizer_state_round_trip(tmp_path):
     opt = torch.optim.AdamW([p], lr=0.1)
     p.grad = torch.randn(4)
     opt.step()
-    ck.save_checkpoint(tmp_path / "c", {"p": p.detach()}, {"step": 1, "best": float("inf")}, opt)
+    ck.save_checkpoint(tmp_path / "c", {"p": p.detach()}, {"step": 1, "best": float("inf")}, ck.optimizer_state(opt))
     _, state = ck.load_checkpoint(tmp_path / "c")
     opt2 = torch.optim.AdamW([torch.nn.Parameter(p.detach().clone())], lr=0.1)
-    opt2.load_state_dict(state["optimizer"])
+    ck.load_optimizer_state(opt2, state["optimizer"])
     first = lambda o: o.state[o.param_groups[0]["params"][0]]  # noqa: E731
     assert torch.equal(first(opt2)["exp_avg"], first(opt)["exp_avg"]) and first(opt2)["step"] == 1
     assert state["best"] == float("inf")
