@@ -47,8 +47,10 @@ class HedgehogFeatureMap(nn.Module):
         return 2 * self.weight.shape[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        u = torch.einsum("bhld,hdf->bhlf", x.float(), self.weight.float())  # [B, H, L, f]
-        return torch.cat([torch.softmax(u, dim=-1), torch.softmax(-u, dim=-1)], dim=-1).clamp(min=self.eps)
+        w = self.weight.float()
+        u = torch.einsum("bhld,hdf->bhlf", x.float(), torch.cat([w, -w], dim=-1))  # [x W_h, -x W_h]: [B, H, L, 2f]
+        phi = torch.softmax(u.unflatten(-1, (2, -1)), dim=-1).flatten(-2)  # each half its own softmax
+        return phi.clamp(min=self.eps) if phi.requires_grad else phi.clamp_(min=self.eps)
 
 
 class T2RFeatureMap(nn.Module):

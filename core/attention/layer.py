@@ -119,9 +119,9 @@ class LolcatsAttention(nn.Module):
 
     def student(self, q, k, v, mask, past_key_values):
         """LoLCATs attention for the new tokens, reading and updating the recurrent state."""
-        qf, kf = self.features(q, k)
         layer = hybrid_cache_layer(past_key_values, self.layer_idx) if past_key_values is not None else None
         if layer is None or layer.state is None:
+            qf, kf = self.features(q, k)
             y = hybrid_attention(q, k, v, qf, kf, self.mix, self.kind, self.window_size, mask, self.scaling)
             if layer is not None:
                 B, L = q.shape[0], q.shape[2]
@@ -129,7 +129,9 @@ class LolcatsAttention(nn.Module):
                 layer.state = prefill_state(self.kind, self.window_size, k, v, kf, m)
                 layer.is_initialized = True
             return y
-        # state present: one token at a time (decoding; multi-token chunks are rare)
+        # state present: one token at a time (decoding; multi-token chunks are rare). Key features
+        # are computed only for the keys that leave the window, when they are folded into the state.
+        qf = self.feature_map_q(q)
         outs = []
         B, L = q.shape[0], q.shape[2]
         valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
@@ -142,7 +144,7 @@ class LolcatsAttention(nn.Module):
                 qf[:, :, t : t + 1], self.mix, valid[:, t], key_features, self.scaling,
             )
             outs.append(y)
-        return torch.cat(outs, dim=2)
+        return outs[0] if L == 1 else torch.cat(outs, dim=2)
 
     def teacher(self, q, k, v, attention_mask, **kwargs):
         """The original softmax attention of the new queries over keys k, v: [B, H, L, d]."""

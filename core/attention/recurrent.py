@@ -50,13 +50,19 @@ class HybridState:
 def _fold(S, z, k_feat, v, weight):
     """Add weight_j * phi_k(k_j) v_j^T to S and weight_j * phi_k(k_j) to z.
 
-    k_feat [B, H, K, F], v [B, H_kv, K, d], weight [B, K] (0/1)."""
+    k_feat [B, H, K, F], v [B, H_kv, K, d], weight [B, K] (0/1). One product per query head with
+    the augmented values [v_j, 1] gives both; phi_k enters transposed, as a view, and each of the
+    G query heads of a KV head takes its own product, so neither operand is copied."""
     B, H, K, Fd = k_feat.shape
-    Hkv = v.shape[1]
-    kf = (k_feat.float() * weight[:, None, :, None]).view(B, Hkv, H // Hkv, K, Fd)
-    S = S + torch.einsum("bhgkf,bhkd->bhgfd", kf, v.float()).reshape(S.shape)
-    z = z + kf.sum(-2).reshape(z.shape)
-    return S, z
+    Hkv, d = v.shape[1], v.shape[-1]
+    kf = k_feat.float()
+    if not bool(weight.all()):
+        kf = kf * weight[:, None, :, None].to(kf.dtype)
+    kf = kf.view(B, Hkv, H // Hkv, K, Fd)
+    va = torch.cat([v.float(), torch.ones_like(v[..., :1], dtype=torch.float32)], dim=-1)  # [B, Hkv, K, d + 1]
+    Sz = torch.stack([torch.matmul(kf[:, :, g].transpose(-1, -2), va) for g in range(H // Hkv)], dim=2)
+    Sz = Sz.view(B, H, Fd, d + 1)
+    return S + Sz[..., :d], z + Sz[..., d]
 
 
 def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
@@ -73,7 +79,10 @@ def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
     fold = mask & (pos < lb[:, None])
     S = torch.zeros(B, H, Fd, d, device=k.device, dtype=torch.float32)
     z = torch.zeros(B, H, Fd, device=k.device, dtype=torch.float32)
-    S, z = _fold(S, z, k_feat, v, fold.float())
+    cols = fold.any(0).nonzero().flatten()
+    if cols.numel():  # the span of folded keys: all but the window's, unless rows are padded
+        a, b = int(cols[0]), int(cols[-1]) + 1
+        S, z = _fold(S, z, k_feat[:, :, a:b], v[:, :, a:b], fold[:, a:b])
     K = min(window_capacity(kind, w), L)
     keep = slice(L - K, L)
     # clone: a view would keep the whole prompt's keys and values alive until the first decode step
@@ -104,18 +113,18 @@ def decode_step(state: HybridState, kind, w, q, k, v, q_feat, mix, valid, key_fe
     win_k, win_v = win_k[:, :, start:], win_v[:, :, start:]
     win_pos, win_valid = win_pos[:, start:], win_valid[:, start:]
 
-    qf = q_feat.float()[:, :, 0]  # [B, H, F]
-    num = torch.einsum("bhf,bhfd->bhd", qf, S)
-    den = torch.einsum("bhf,bhf->bh", qf, z)
+    qf = q_feat.float()  # [B, H, 1, F]
+    num = torch.matmul(qf, S)[:, :, 0]  # [B, H, d]
+    den = torch.matmul(qf, z[..., None])[:, :, 0, 0]  # [B, H]
     if kind != "linear":
-        qg = q.float()[:, :, 0].view(B, Hkv, G, d)
-        s = torch.einsum("bhgd,bhkd->bhgk", qg, win_k.float()) * scale
+        qg = q.float().view(B, Hkv, G, d) * scale
+        s = torch.matmul(qg, win_k.float().transpose(-1, -2))  # [B, Hkv, G, K]
         s = s.masked_fill(~win_valid[:, None, None, :], float("-inf"))
         c = s.amax(-1, keepdim=True)
         c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
         p = torch.exp(s - c) * torch.sigmoid(mix.float()).view(1, Hkv, G, 1)
-        num = num + torch.einsum("bhgk,bhkd->bhgd", p, win_v.float()).reshape(B, H, d)
-        den = den + p.sum(-1).reshape(B, H)
+        num = num + torch.matmul(p, win_v.float()).view(B, H, d)
+        den = den + p.sum(-1).view(B, H)
     y = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
     new_state = HybridState(S, z, win_k, win_v, win_pos, win_valid, first, n + 1)
     return y[:, :, None].to(q.dtype), new_state

@@ -18,6 +18,7 @@ token sits at index 0, computed, and rolled back. Padded keys contribute nothing
   * ``terraced``:       tiles of w from position 0; W(n) = previous tile + current tile up to n;
                         Hist(n) = all tiles before the previous one.
 
+Each part's numerator and denominator come from one product with the augmented values [v_j, 1].
 Memory is O(L w) for the window part and O(L/C F d) for the linear part: no L x L tensor.
 Half-precision inputs are computed in float32 and the result is cast back.
 """
@@ -73,27 +74,45 @@ def _pad_len(x: torch.Tensor, dim: int, front: int, back: int) -> torch.Tensor:
     return F_.pad(x, pad)
 
 
-def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """num / den with 0 where den == 0 (padded queries), without NaN gradients."""
-    ok = den > 0
-    return num / torch.where(ok, den, torch.ones_like(den)).unsqueeze(-1)
+# Window weights exp(s - c) are floored at exp(-40) ~ 4e-18: below float32 resolution next to the
+# window's largest weight exp(0) = 1, while smaller weights (and their products with values) reach
+# float32 denormals, on which CPU exp and matrix products run many times slower.
+EXP_FLOOR = -40.0
 
 
-def window_terms(q, k, v, mask, mix, kind: str, w: int, scale: float):
-    """Softmax window numerator U [B, H, L, d] and denominator D [B, H, L] (already times g).
+def _augment(v: torch.Tensor) -> torch.Tensor:
+    """[..., d] -> [..., d + 1] with a last column of ones: one product with the augmented values
+    gives a numerator (first d columns) and its denominator (last column) together."""
+    return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+
+
+def _tiles(x: torch.Tensor, t: int) -> torch.Tensor:
+    """[B, Hx, L, D] -> [B, Hx, L/t, t, D], zero-padded at the end to a multiple of t."""
+    B, Hx, L, D = x.shape
+    Lp = -(-L // t) * t
+    return (x if Lp == L else _pad_len(x, 2, 0, Lp - L)).view(B, Hx, Lp // t, t, D)
+
+
+def _grouped(x: torch.Tensor, Hkv: int) -> torch.Tensor:
+    """Query-head tensor [B, H, ...] viewed as [B, Hkv, G, ...] (G query heads per KV head)."""
+    return x.view(x.shape[0], Hkv, x.shape[1] // Hkv, *x.shape[2:])
+
+
+def window_terms(q, k, va, mask, kind: str, w: int, scale: float) -> torch.Tensor:
+    """Softmax window terms [B, H, L, d + 1]: sum_{j in W(n)} exp(s_nj - c_n) [v_j, 1] (not yet times g).
 
     Queries are cut into blocks of w; block i sees key blocks i-1 and i, so scores are
-    [B, Hkv, G, L/w, w, 2w] (banded, O(L w)).
+    [B, Hkv, L/w, G w, 2w] (banded, O(L w)); the G query heads of a KV head share one matrix
+    product per block. Without autograd the score tensor is reused in place.
     """
     B, H, L, d = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
-    Lp = -(-L // w) * w
-    nb = Lp // w
-    qb = _pad_len(q, 2, 0, Lp - L).view(B, Hkv, G, nb, w, d)
-    kb = _pad_len(k, 2, w, Lp - L).view(B, Hkv, nb + 1, w, d)
-    vb = _pad_len(v, 2, w, Lp - L).view(B, Hkv, nb + 1, w, d)
-    mb = _pad_len(mask, 1, w, Lp - L).view(B, nb + 1, w)
+    qb = _grouped(_tiles(q * scale, w), Hkv).transpose(2, 3)  # [B, Hkv, nb, G, w, d]
+    nb = qb.shape[2]
+    kb = _pad_len(_tiles(k, w), 2, 1, 0)  # one block of zeros in front: [B, Hkv, nb + 1, w, d]
+    vb = _pad_len(_tiles(va, w), 2, 1, 0)
+    mb = _pad_len(_tiles(mask[:, None, :, None], w), 2, 1, 0)[:, 0, :, :, 0]  # [B, nb + 1, w]
     kb = torch.cat([kb[:, :, :-1], kb[:, :, 1:]], dim=3)  # [B, Hkv, nb, 2w, d]
     vb = torch.cat([vb[:, :, :-1], vb[:, :, 1:]], dim=3)
     mb = torch.cat([mb[:, :-1], mb[:, 1:]], dim=2)  # [B, nb, 2w]
@@ -103,69 +122,65 @@ def window_terms(q, k, v, mask, mix, kind: str, w: int, scale: float):
     band = c <= w + r  # causal
     if kind == "sliding_window":
         band = band & (c > r)  # the last w keys
-    allowed = band[None, None, None, None] & mb[:, None, None, :, None, :]  # [B, 1, 1, nb, w, 2w]
+    allowed = band[None, None, None, None] & mb[:, None, :, None, None, :]  # [B, 1, nb, 1, w, 2w]
 
-    s = torch.einsum("bhgnqd,bhnkd->bhgnqk", qb, kb) * scale
-    s = s.masked_fill(~allowed, float("-inf"))
+    s = torch.matmul(qb.reshape(B, Hkv, nb, G * w, d), kb.transpose(-1, -2)).view(B, Hkv, nb, G, w, 2 * w)
+    inplace = not s.requires_grad  # inference: one score buffer, no temporaries of its size
+    s = s.masked_fill_(~allowed, float("-inf")) if inplace else s.masked_fill(~allowed, float("-inf"))
     cmax = s.amax(dim=-1, keepdim=True)
     cmax = torch.where(torch.isfinite(cmax), cmax, torch.zeros_like(cmax))
-    p = torch.exp(s - cmax)  # masked entries are exp(-inf) = 0
-    g = torch.sigmoid(mix.float()).view(1, Hkv, G, 1, 1, 1)
-    p = p * g
-    U = torch.einsum("bhgnqk,bhnkd->bhgnqd", p, vb)
-    D = p.sum(-1)
-    U = U.reshape(B, H, Lp, d)[:, :, :L]
-    D = D.reshape(B, H, Lp)[:, :, :L]
-    return U, D
+    # masked entries (exp(-inf) = 0) are raised to the floor by the clamp and zeroed again by the mask
+    if inplace:
+        p = s.sub_(cmax).clamp_(min=EXP_FLOOR).exp_().mul_(allowed)
+    else:
+        p = torch.exp((s - cmax).clamp(min=EXP_FLOOR)) * allowed
+    out = torch.matmul(p.view(B, Hkv, nb, G * w, 2 * w), vb).view(B, Hkv, nb, G, w, d + 1)
+    return out.transpose(2, 3).reshape(B, H, nb * w, d + 1)[:, :, :L]
 
 
-def causal_linear_terms(qf, kf, v, chunk: int = LINEAR_CHUNK):
-    """Inclusive causal linear attention: num_n = sum_{j<=n} (qf_n.kf_j) v_j, den_n = sum qf_n.kf_j.
+def _shifted_bmm(a: torch.Tensor, b: torch.Tensor, shift: int, tiles: int) -> torch.Tensor:
+    """out[i] = a[i] @ b[i - shift] over a flat batch of ``tiles`` consecutive tiles per head; the
+    first ``shift`` tiles of every head get 0. Pairing contiguous slices of the flat batch keeps
+    both operands copy-free (slicing the tile axis of a [B, Hkv, G, nt, ...] tensor would not)."""
+    n = a.shape[0]
+    if shift == 0:
+        return torch.bmm(a, b)
+    if a.requires_grad or b.requires_grad:
+        out = torch.cat([a.new_zeros(shift, a.shape[1], b.shape[2]), torch.bmm(a[shift:], b[: n - shift])])
+    else:
+        out = a.new_empty(n, a.shape[1], b.shape[2])
+        torch.bmm(a[shift:], b[: n - shift], out=out[shift:])
+    out.view(-1, tiles, *out.shape[1:])[:, :shift] = 0  # also clears pairs across two heads
+    return out
 
-    Chunked: exclusive prefix states per chunk plus a masked [C, C] intra-chunk product.
-    qf, kf: [B, H, L, F]; v: [B, Hkv, L, d] (shared by the G query heads of each KV head).
+
+def history_terms(qf, kf, va, tile: int, lag: int, partial: bool) -> torch.Tensor:
+    """Linear-attention terms [B, H, L, d + 1]: sum_{j in Hist(n)} (qf_n . kf_j) [v_j, 1], by tiles of ``tile``.
+
+    For a query at offset r of tile i, Hist(n) holds every key of tiles <= i - lag and, when
+    ``partial``, the keys of tile i - lag + 1 at offsets <= r. So with tile = C: causal linear
+    (lag 1, partial); with tile = w: sliding-window history j <= n - w (lag 2, partial) and the
+    terraced history, all tiles before the previous one (lag 2). Prefix states per tile are
+    [B, Hkv, G, L/tile, F, d + 1] (O(L / tile F d)); the partial tile is a masked [tile, tile] product.
+    qf, kf: [B, H, L, F] (kf zero at padded keys); va: [B, Hkv, L, d + 1] (augmented values).
     """
     B, H, L, Fd = qf.shape
-    Hkv, d = v.shape[1], v.shape[-1]
+    Hkv, d1 = va.shape[1], va.shape[-1]
     G = H // Hkv
-    C = chunk
-    Lp = -(-L // C) * C
-    nc = Lp // C
-    qc = _pad_len(qf, 2, 0, Lp - L).view(B, Hkv, G, nc, C, Fd)
-    kc = _pad_len(kf, 2, 0, Lp - L).view(B, Hkv, G, nc, C, Fd)
-    vc = _pad_len(v, 2, 0, Lp - L).view(B, Hkv, nc, C, d)
-
-    chunk_kv = torch.einsum("bhgncf,bhncd->bhgnfd", kc, vc)  # [B, Hkv, G, nc, F, d]
-    chunk_z = kc.sum(-2)  # [B, Hkv, G, nc, F]
-    S = torch.cat([torch.zeros_like(chunk_kv[:, :, :, :1]), chunk_kv[:, :, :, :-1].cumsum(3)], dim=3)
-    z = torch.cat([torch.zeros_like(chunk_z[:, :, :, :1]), chunk_z[:, :, :, :-1].cumsum(3)], dim=3)
-    num = torch.einsum("bhgncf,bhgnfd->bhgncd", qc, S)
-    den = torch.einsum("bhgncf,bhgnf->bhgnc", qc, z)
-    A = torch.einsum("bhgncf,bhgnmf->bhgncm", qc, kc)
-    A = A * torch.ones(C, C, device=qf.device, dtype=torch.bool).tril()
-    num = num + torch.einsum("bhgncm,bhnmd->bhgncd", A, vc)
-    den = den + A.sum(-1)
-    return num.reshape(B, H, Lp, d)[:, :, :L], den.reshape(B, H, Lp)[:, :, :L]
-
-
-def terraced_linear_terms(qf, kf, v, w: int):
-    """History of the terraced window: for a query in tile i, all keys of tiles < i - 1."""
-    B, H, L, Fd = qf.shape
-    Hkv, d = v.shape[1], v.shape[-1]
-    G = H // Hkv
-    Lp = -(-L // w) * w
-    nt = Lp // w
-    qt = _pad_len(qf, 2, 0, Lp - L).view(B, Hkv, G, nt, w, Fd)
-    kt = _pad_len(kf, 2, 0, Lp - L).view(B, Hkv, G, nt, w, Fd)
-    vt = _pad_len(v, 2, 0, Lp - L).view(B, Hkv, nt, w, d)
-    tile_kv = torch.einsum("bhgncf,bhncd->bhgnfd", kt, vt).cumsum(3)  # inclusive prefix over tiles
-    tile_z = kt.sum(-2).cumsum(3)
-    # tile i reads the prefix through tile i-2
-    S = _pad_len(tile_kv, 3, 2, 0)[:, :, :, :nt]
-    z = _pad_len(tile_z, 3, 2, 0)[:, :, :, :nt]
-    num = torch.einsum("bhgncf,bhgnfd->bhgncd", qt, S)
-    den = torch.einsum("bhgncf,bhgnf->bhgnc", qt, z)
-    return num.reshape(B, H, Lp, d)[:, :, :L], den.reshape(B, H, Lp)[:, :, :L]
+    qt, kt = _tiles(qf, tile), _tiles(kf, tile)  # [B, H, nt, T, F]
+    nt = qt.shape[2]
+    n = B * H * nt  # one flat batch of tiles, head by head
+    qt, kt = qt.reshape(n, tile, Fd), kt.reshape(n, tile, Fd)
+    vt = _tiles(va, tile)[:, :, None].expand(B, Hkv, G, nt, tile, d1).reshape(n, tile, d1)  # per query head
+    prefix = torch.bmm(kt.transpose(1, 2), vt)  # each tile's sum_j kf_j [v_j, 1]^T: [n, F, d + 1]
+    prefix = prefix.view(B * H, nt, Fd, d1)
+    prefix = (prefix.cumsum(1) if prefix.requires_grad else prefix.cumsum_(1)).view(n, Fd, d1)
+    out = _shifted_bmm(qt, prefix, lag, nt)  # tile i reads the prefix through key tile i - lag
+    if partial:  # query tile i against key tile i - lag + 1, keys at offsets <= the query's
+        a = _shifted_bmm(qt, kt.transpose(1, 2), lag - 1, nt).tril_()
+        av = _shifted_bmm(a, vt, lag - 1, nt)
+        out = out + av if out.requires_grad else out.add_(av)
+    return out.view(B, H, nt * tile, d1)[:, :, :L]
 
 
 def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None):
@@ -176,19 +191,17 @@ def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, a
     (q, k, v, qf, kf), mask, shift = left_align(*(t.float() for t in (q, k, v, q_feat, k_feat)), attention_mask)
     if mask is None:
         mask = torch.ones(B, L, dtype=torch.bool, device=q.device)
-    kf = kf * mask[:, None, :, None]
-    vm = v * mask[:, None, :, None]
+    else:
+        kf = kf * mask[:, None, :, None]  # padded keys leave the history (the window masks them itself)
+    va = _augment(v)
 
     if kind == "linear":
-        num, den = causal_linear_terms(qf, kf, vm)
-        y = _safe_div(num, den)
+        t = history_terms(qf, kf, va, LINEAR_CHUNK, lag=1, partial=True)
     else:
-        U, D = window_terms(q, k, v, mask, mix, kind, window_size, scale)
-        if kind == "sliding_window":  # history = keys at least w behind: shift keys by w
-            kf_s = _pad_len(kf, 2, window_size, 0)[:, :, :L]
-            v_s = _pad_len(vm, 2, window_size, 0)[:, :, :L]
-            num, den = causal_linear_terms(qf, kf_s, v_s)
-        else:
-            num, den = terraced_linear_terms(qf, kf, vm, window_size)
-        y = _safe_div(U + num, D + den)
+        w = window_size
+        g = torch.sigmoid(mix.float()).view(1, H, 1, 1)
+        t = window_terms(q, k, va, mask, kind, w, scale) * g
+        t = t + history_terms(qf, kf, va, w, lag=2, partial=kind == "sliding_window")
+    num, den = t[..., :d], t[..., d]
+    y = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)  # 0 where nothing is attended
     return restore_rows(y, shift).to(out_dtype)
