@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from core.attention import build_feature_map, hybrid_attention
+from tests.attention_inputs import make_inputs
 from tests.oracle import naive_hybrid_attention, naive_softmax_attention
 
 KINDS = ["linear", "sliding_window", "terraced"]
@@ -17,28 +18,10 @@ def rel_err(a, b, mask=None):
     return ((a - b).norm() / b.norm()).item()
 
 
-def make_inputs(B, H, Hkv, L, d, f, feature_map="hedgehog", seed=42, pads=None):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, L, d, generator=g)
-    k = torch.randn(B, Hkv, L, d, generator=g)
-    v = torch.randn(B, Hkv, L, d, generator=g)
-    torch.manual_seed(seed)
-    fq = build_feature_map(feature_map, H, d, f, init="random")
-    fk = build_feature_map(feature_map, H, d, f, init="random")
-    G = H // Hkv
-    with torch.no_grad():
-        qf, kf = fq(q), fk(k.repeat_interleave(G, dim=1))
-    mix = torch.randn(H, generator=g)
-    mask = torch.ones(B, L, dtype=torch.long)
-    for b, p in enumerate(pads or []):
-        mask[b, : min(p, L - 1)] = 0
-    return q, k, v, qf, kf, mix, mask
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("L", [1, 63, 64, 65, 127, 128, 300])
 def test_matches_oracle_with_left_padding(kind, L):
-    q, k, v, qf, kf, mix, mask = make_inputs(3, 4, 2, L, 16, 8, pads=[0, 5, 70])
+    q, k, v, qf, kf, mix, mask = make_inputs(3, 4, 2, L, 16, 8, pads=[min(p, L - 1) for p in (0, 5, 70)])
     y = hybrid_attention(q, k, v, qf, kf, mix, kind, window_size=64, attention_mask=mask)
     ref = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 64, mask)
     assert torch.isfinite(y).all()

@@ -10,7 +10,8 @@ import torch
 from kernels.hybrid.torch_chunked import hybrid_attention_torch
 from kernels.hybrid.triton_hybrid import hybrid_attention_triton
 from tests.kernels.conftest import DEVICE
-from tests.kernels.utils import GRAD_NAMES, assert_close, forward_backward, make_inputs
+from tests.attention_inputs import make_inputs
+from tests.kernels.utils import GRAD_NAMES, assert_close, forward_backward
 from tests.oracle import naive_hybrid_attention
 
 KINDS = ["linear", "sliding_window", "terraced"]
