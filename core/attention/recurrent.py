@@ -4,7 +4,9 @@ State of one layer, for a batch of B rows:
   * ``S [B, H, F, d]``, ``z [B, H, F]`` (float32): sum of phi_k(k_j) v_j^T and phi_k(k_j) over the
     keys that left the window (per query head: feature maps are per query head);
   * a window cache of raw (RoPE'd) keys and values stored per KV head ``[B, H_kv, K, d]`` with
-    each entry's position ``[B, K]`` and validity ``[B, K]`` (padding, already folded);
+    each entry's position ``[B, K]`` and validity ``[B, K]`` (padding, already folded, empty):
+    a ring of K = 2w (terraced), w (sliding window) or 0 (linear) slots, token j in slot j % K,
+    updated in place by :func:`decode_step` (see ``kernels.hybrid.window``);
   * ``first [B]``: sequence index of each row's first real token (-1 while it has none), and
     ``seen``: tokens processed so far. Positions count from the first real token, as in the
     parallel form.
@@ -23,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from kernels.hybrid.window import append_token, window_capacity, window_start
+from kernels.hybrid.window import leaving, leaving_columns, place_token, token_position, window_capacity, window_start
 
 KeyFeatures = Callable[[torch.Tensor], torch.Tensor]  # raw keys [B, H_kv, K, d] -> [B, H, K, F]
 
@@ -83,35 +85,37 @@ def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
     if cols.numel():  # the span of folded keys: all but the window's, unless rows are padded
         a, b = int(cols[0]), int(cols[-1]) + 1
         S, z = _fold(S, z, k_feat[:, :, a:b], v[:, :, a:b], fold[:, a:b])
-    K = min(window_capacity(kind, w), L)
-    keep = slice(L - K, L)
-    # clone: a view would keep the whole prompt's keys and values alive until the first decode step
-    return HybridState(
-        S, z, k[:, :, keep].clone(), v[:, :, keep].clone(), pos[:, keep], (mask & ~fold)[:, keep], first, L
-    )
+    K = window_capacity(kind, w)
+    win_k, win_v = k.new_zeros(B, Hkv, K, d), v.new_zeros(B, Hkv, K, d)
+    win_pos = torch.zeros(B, K, dtype=torch.long, device=k.device)
+    win_valid = torch.zeros(B, K, dtype=torch.bool, device=k.device)
+    if K:
+        last = torch.arange(max(L - K, 0), L, device=k.device)  # the prompt's last K tokens, into slots j % K
+        slots = last % K
+        win_k[:, :, slots], win_v[:, :, slots] = k[:, :, last], v[:, :, last]
+        win_pos[:, slots], win_valid[:, slots] = pos[:, last], (mask & ~fold)[:, last]
+    return HybridState(S, z, win_k, win_v, win_pos, win_valid, first, L)
 
 
 def decode_step(state: HybridState, kind, w, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale):
-    """Process one token for every row; returns y [B, H, 1, d] and the new state.
+    """Process one token for every row; returns y [B, H, 1, d] and the new state (which shares the
+    window cache, updated in place, with ``state``).
 
     q [B, H, 1, d], k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], valid [B] bool."""
     B, H, _, d = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
-    n = state.seen
-    first, pos, win_k, win_v, win_pos, win_valid = append_token(state, k, v, valid)
-
-    # fold the keys that leave the window into (S, z)
-    fold = win_valid & (win_pos < window_start(kind, w, pos)[:, None])
+    first, pos = token_position(state, valid)
     S, z = state.S, state.z
-    cols = fold.any(0).nonzero().flatten()
-    if cols.numel():
-        S, z = _fold(S, z, key_features(win_k[:, :, cols]), win_v[:, :, cols], fold[:, cols].float())
-    win_valid = win_valid & ~fold
-    # keep the last K columns; older ones were folded above (their position is below lb)
-    start = max(win_pos.shape[1] - window_capacity(kind, w), 0)
-    win_k, win_v = win_k[:, :, start:], win_v[:, :, start:]
-    win_pos, win_valid = win_pos[:, start:], win_valid[:, start:]
+    if kind == "linear":  # no window: the key goes straight into the state
+        S, z = _fold(S, z, key_features(k), v, valid[:, None])
+    else:  # fold the keys that leave the window, then write the new one into its slot
+        fold = leaving(kind, w, state, pos)
+        cols = leaving_columns(kind, state, fold)
+        if cols.numel():
+            S, z = _fold(S, z, key_features(state.win_k[:, :, cols]), state.win_v[:, :, cols], fold[:, cols])
+        place_token(state, k, v, pos, valid, fold)
+    win_k, win_v, win_valid = state.win_k, state.win_v, state.win_valid
 
     qf = q_feat.float()  # [B, H, 1, F]
     num = torch.matmul(qf, S)[:, :, 0]  # [B, H, d]
@@ -126,5 +130,5 @@ def decode_step(state: HybridState, kind, w, q, k, v, q_feat, mix, valid, key_fe
         num = num + torch.matmul(p, win_v.float()).view(B, H, d)
         den = den + p.sum(-1).view(B, H)
     y = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
-    new_state = HybridState(S, z, win_k, win_v, win_pos, win_valid, first, n + 1)
+    new_state = HybridState(S, z, win_k, win_v, state.win_pos, win_valid, first, state.seen + 1)
     return y[:, :, None].to(q.dtype), new_state

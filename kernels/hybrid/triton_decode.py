@@ -7,23 +7,22 @@ docstring for the invariant). The state object is used as it is: ``S [B, H, F, d
 returned (the kernels package does not import ``core``).
 
 Per step, the bookkeeping on ``[B, K]`` index tensors stays in PyTorch exactly as in the reference
-(append the new key and value, decide which cached keys leave the window, drop columns beyond the
-capacity), and so does the key feature map of the leaving keys (it is a learned module). One
-program per (batch, query head) then does, on chip:
+(decide which cached keys leave the window, write the new key and value into their ring slot;
+``kernels.hybrid.window``), and so does the key feature map of the leaving keys (it is a learned
+module). One program per (batch, query head) then does, on chip:
 
     S' = S + sum_{leaving j} phi_k(k_j) v_j^T,   z' = z + sum_{leaving j} phi_k(k_j)
     y  = (phi_q(q)^T S' + g sum_{j in window} exp(s_j - c) v_j) / (phi_q(q)^T z' + g sum exp(s_j - c))
 
-with an online max over the window in blocks of BK columns and float32 throughout (the state is
+with an online max over the window in blocks of BK slots and float32 throughout (the state is
 updated with exact float32 products: it accumulates over the whole generation). The window cache
 is read per KV head (GQA: query head h reads KV head h // G).
 
-Which cached keys can leave: positions in the cache are consecutive, so with K + 1 columns after
-appending, only the first K + 1 - w (sliding window: at most one) or K - w (terraced: a whole tile
-at a tile boundary) columns can fall below the window. For the sliding window the feature map runs
-on that one column each step with no host synchronisation; for the terraced window the columns
-that actually fold are found with one ``nonzero`` (a host synchronisation, as in the reference) so
-the feature map runs on a tile only when one completes.
+Which cached keys can leave: for the sliding window only the key in the slot the new token takes,
+so the feature map runs on that one column each step with no host synchronisation; for the
+terraced window a whole tile leaves at a tile boundary, found with one ``nonzero`` (a host
+synchronisation, as in the reference) so the feature map runs on a tile only when one completes;
+for linear attention the new key itself goes into the state.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import INTERPRETER, tl, triton
-from kernels.hybrid.window import append_token, window_capacity, window_start
+from kernels.hybrid.window import leaving, leaving_columns, place_token, token_position
 
 
 @triton.jit
@@ -97,15 +96,6 @@ def hybrid_decode_kernel(
     tl.store(y + i_bh.to(tl.int64) * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
 
 
-def _fold_candidates(kind: str, w: int, columns: int) -> int:
-    """How many leading cache columns (of ``columns`` after appending) can leave the window."""
-    if kind == "linear":
-        return columns
-    if kind == "sliding_window":
-        return max(columns - w, 0)
-    return max(columns - 1 - w, 0)
-
-
 def hybrid_decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale, *, inplace: bool = False):
     """One decode step through the Triton kernel; returns ``(y [B, H, 1, d], new_state)``.
 
@@ -119,32 +109,28 @@ def hybrid_decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_f
         scale: score scale.
         inplace: update ``state.S`` and ``state.z`` in place instead of allocating new ones
             (saves a copy per step; the old state object then shares them). Default: ``False``.
+            The window cache is always updated in place (one ring slot per step).
     """
     B, H, _, d = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
-    n = state.seen
-    first, pos, win_k, win_v, win_pos, win_valid = append_token(state, k, v, valid)
-    fold = win_valid & (win_pos < window_start(kind, w, pos)[:, None])
-
-    ncand = _fold_candidates(kind, w, win_k.shape[2])
-    if kind == "terraced" and ncand:
-        cols = fold[:, :ncand].any(0).nonzero().flatten()
-    else:
-        cols = torch.arange(ncand, device=q.device)
     Fd = q_feat.shape[-1]
-    if cols.numel():
-        kfold = key_features(win_k[:, :, cols]) * fold[:, None, cols, None].to(q_feat.dtype)  # [B, H, C, F]
-        vfold = win_v[:, :, cols]  # [B, H_kv, C, d]
+    first, pos = token_position(state, valid)
+    if kind == "linear":  # no window: the key goes straight into the state
+        kfold, vfold = key_features(k) * valid[:, None, None, None].to(q_feat.dtype), v
     else:
-        kfold = q_feat.new_zeros(B, H, 0, Fd)
-        vfold = v.new_zeros(B, Hkv, 0, d)
+        fold = leaving(kind, w, state, pos)
+        cols = leaving_columns(kind, state, fold)
+        if cols.numel():
+            kfold = key_features(state.win_k[:, :, cols]) * fold[:, None, cols, None].to(q_feat.dtype)  # [B, H, C, F]
+            vfold = state.win_v[:, :, cols]  # [B, H_kv, C, d]
+        else:
+            kfold = q_feat.new_zeros(B, H, 0, Fd)
+            vfold = v.new_zeros(B, Hkv, 0, d)
+        place_token(state, k, v, pos, valid, fold)
     kfold = kfold if kfold.stride(-1) == 1 else kfold.contiguous()
     vfold = vfold if vfold.stride(-1) == 1 else vfold.contiguous()
-    win_valid = win_valid & ~fold
-    start = max(win_pos.shape[1] - window_capacity(kind, w), 0)
-    win_k, win_v = win_k[:, :, start:], win_v[:, :, start:]
-    win_pos, win_valid = win_pos[:, start:], win_valid[:, start:]
+    win_k, win_v, win_pos, win_valid = state.win_k, state.win_v, state.win_pos, state.win_valid
 
     S, z = state.S, state.z
     if inplace and S.is_contiguous() and z.is_contiguous() and S.dtype == torch.float32 and z.dtype == torch.float32:
@@ -179,7 +165,7 @@ def hybrid_decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_f
         HAS_WINDOW=kind != "linear" and K > 0,
         D=d, FD=Fd, BD=BD, BF=BF, BC=16, BK=BK, **launch,
     )
-    new_state = type(state)(S_out, z_out, win_k, win_v, win_pos, win_valid, first, n + 1)
+    new_state = type(state)(S_out, z_out, win_k, win_v, win_pos, win_valid, first, state.seen + 1)
     return y, new_state
 
 

@@ -69,6 +69,31 @@ def test_prefill_plus_decode_equals_full_forward(arch, kind, softmax_layers):
     assert rel_err(stepped[real], full[real]) <= 1e-4
 
 
+@pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
+def test_decode_after_an_inference_mode_prefill(kind):
+    """The window cache is a fixed ring written in place; a prefill made under inference_mode can
+    be continued under no_grad (the cache is copied once) and gives the full forward's logits."""
+    model = converted("llama", kind, window=8)
+    ids, mask = left_padded_batch([40, 33], 40)
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        out = model(input_ids=ids[:, :20], attention_mask=mask[:, :20], position_ids=positions(mask)[:, :20],
+                    past_key_values=cache, use_cache=True)
+    logits = [out.logits]
+    with torch.no_grad():
+        for t in range(20, 40):
+            out = model(input_ids=ids[:, t : t + 1], attention_mask=mask[:, : t + 1],
+                        position_ids=positions(mask)[:, t : t + 1], past_key_values=cache, use_cache=True)
+            logits.append(out.logits)
+    stepped = torch.cat(logits, dim=1)
+    assert rel_err(stepped[mask.bool()], full[mask.bool()]) <= 1e-4
+    state = cache.layers[0].state
+    assert state.seen == 40 and state.win_k.shape[2] == (8 if kind == "sliding_window" else 16)
+    assert not state.win_k.is_inference()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @torch.no_grad()
 def test_padded_row_equals_row_alone(kind):

@@ -32,7 +32,8 @@ def run_both(kind, w, *, dtype=torch.float32, inplace=False, B=3, H=4, Hkv=2, d=
     mask[1, :3] = False
     mask[2:, :] = False
     with torch.no_grad():
-        state_ref = state_tri = prefill_state(kind, w, k, v, key_features(k), mask)
+        # two states: each step writes its window cache in place
+        state_ref, state_tri = (prefill_state(kind, w, k, v, key_features(k), mask) for _ in range(2))
         for t in range(T):
             q_t, k_t, v_t = rand(B, H, 1, d), rand(B, Hkv, 1, d), rand(B, Hkv, 1, d)
             qf_t = fq(q_t)
