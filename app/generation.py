@@ -95,31 +95,13 @@ def prepare_prompt(tokenizer, message: str, context_tokens: int, max_new_tokens:
 
 
 def _cache_bytes(cache: Any) -> int | None:
-    try:
-        from core.bench import cache_bytes
+    """Bytes the generation cache keeps alive (:func:`core.bench.cache_bytes`); None when it cannot
+    be measured (an optional figure of the answer)."""
+    from core.bench import cache_bytes
 
+    try:
         return int(cache_bytes(cache))
-    except Exception:  # noqa: BLE001 - optional figure: fall back to a plain walk over the cache
-        pass
-    try:
-        import torch
-
-        seen: dict[int, int] = {}
-
-        def visit(obj: Any, depth: int) -> None:
-            if isinstance(obj, torch.Tensor):
-                seen[obj.data_ptr()] = obj.numel() * obj.element_size()
-            elif depth < 3 and isinstance(obj, (list, tuple)):
-                for item in obj:
-                    visit(item, depth + 1)
-            elif depth < 3 and hasattr(obj, "__dict__") and not isinstance(obj, type):
-                for value in vars(obj).values():
-                    visit(value, depth + 1)
-
-        for layer in getattr(cache, "layers", []) or []:
-            visit(layer, 0)
-        return sum(seen.values()) or None
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - optional figure
         return None
 
 

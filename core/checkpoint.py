@@ -46,6 +46,11 @@ def whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of ``t``: its shard when ``t`` is a sharded ``DTensor``, else ``t``."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def shard_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``value`` (a full tensor) on ``like``'s device and dtype, cut into this process's shard when
     ``like`` is a ``DTensor``. Local: every process must pass the same ``value``."""

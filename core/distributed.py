@@ -221,7 +221,7 @@ class ShardedDataParallel(DataParallel):
 
 def held_fraction(model: nn.Module) -> tuple[int, int]:
     """(parameter elements this process holds, parameter elements of the whole model)."""
-    from core.recipes.loop import local
+    from core.checkpoint import local
 
     params = list(model.parameters())
     return sum(local(p).numel() for p in params), sum(p.numel() for p in params)

@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from kernels.hybrid.torch_chunked import augment_values
 from kernels.hybrid.window import leaving, leaving_columns, place_token, token_position, window_capacity, window_start
 
 KeyFeatures = Callable[[torch.Tensor], torch.Tensor]  # raw keys [B, H_kv, K, d] -> [B, H, K, F]
@@ -61,7 +62,7 @@ def _fold(S, z, k_feat, v, weight):
     if not bool(weight.all()):
         kf = kf * weight[:, None, :, None].to(kf.dtype)
     kf = kf.view(B, Hkv, H // Hkv, K, Fd)
-    va = torch.cat([v.float(), torch.ones_like(v[..., :1], dtype=torch.float32)], dim=-1)  # [B, Hkv, K, d + 1]
+    va = augment_values(v.float())  # [B, Hkv, K, d + 1]
     Sz = torch.stack([torch.matmul(kf[:, :, g].transpose(-1, -2), va) for g in range(H // Hkv)], dim=2)
     Sz = Sz.view(B, H, Fd, d + 1)
     return S + Sz[..., :d], z + Sz[..., d]

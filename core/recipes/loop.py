@@ -24,10 +24,9 @@ from typing import Callable, Protocol
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-from core.checkpoint import (load_checkpoint, load_optimizer_state, load_trainable, optimizer_state, restore_rng,
-                             save_checkpoint, trainable_state)
+from core.checkpoint import (load_checkpoint, load_optimizer_state, load_trainable, local, optimizer_state,
+                             restore_rng, save_checkpoint, trainable_state)
 from core.progress import ProgressCallback, StopRequested
 
 Batch = dict[str, torch.Tensor]
@@ -214,11 +213,6 @@ def run_loop(
         parallel.barrier()  # rank 0's last checkpoints are written before anyone reads them
     model.eval()
     return {"best_val_loss": best_val, "steps": spec.steps, "resumed_from": start}
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This process's part of ``t`` (its shard when ``t`` is a sharded ``DTensor``)."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _non_finite(stage: str, value: float, step: int, last_dir: Path) -> str:

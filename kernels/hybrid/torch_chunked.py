@@ -80,7 +80,7 @@ def _pad_len(x: torch.Tensor, dim: int, front: int, back: int) -> torch.Tensor:
 EXP_FLOOR = -40.0
 
 
-def _augment(v: torch.Tensor) -> torch.Tensor:
+def augment_values(v: torch.Tensor) -> torch.Tensor:
     """[..., d] -> [..., d + 1] with a last column of ones: one product with the augmented values
     gives a numerator (first d columns) and its denominator (last column) together."""
     return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
@@ -193,7 +193,7 @@ def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, a
         mask = torch.ones(B, L, dtype=torch.bool, device=q.device)
     else:
         kf = kf * mask[:, None, :, None]  # padded keys leave the history (the window masks them itself)
-    va = _augment(v)
+    va = augment_values(v)
 
     if kind == "linear":
         t = history_terms(qf, kf, va, LINEAR_CHUNK, lag=1, partial=True)
