@@ -24,7 +24,7 @@ from jobs.db import open_db
 from jobs.errors import JobsError
 from jobs.records import JobInfo, MetricPoint
 
-CONVERT = "convert"  # job kind of a conversion (core.convert.run_convert)
+CONVERT = "convert"  # job kind of a conversion (core.pipeline.convert.run_convert)
 BENCHMARK = "benchmark"  # job kind of a throughput benchmark (core.bench.run_benchmark)
 DEMO_PRESET = "cpu-demo"  # the conversion the empty states offer to launch
 ACTIVE = ("queued", "running")
@@ -229,7 +229,7 @@ def stage_eta(job: JobInfo, points: list[MetricPoint]) -> float | None:
     return max(left - since_last, 0.0)
 
 
-STAGE_NAMES = {  # progress stages of a conversion (core.convert) and a benchmark (core.bench)
+STAGE_NAMES = {  # progress stages of a conversion (core.pipeline.convert) and a benchmark (core.bench)
     "teacher_eval": "teacher perplexity", "stage1": "stage 1: attention transfer", "stage2": "stage 2: LoRA",
     "student_eval": "student perplexity", "student_val": "student validation", "bench": "benchmark",
 }
@@ -285,7 +285,7 @@ class LoadedModel:
 
 @st.cache_resource(show_spinner="Loading the converted model (once per workbench process)...", max_entries=2)
 def _load(run_dir: str, stamp: float, root: str) -> LoadedModel:
-    from core.runs import load_converted
+    from core.pipeline.runs import load_converted
 
     model, tokenizer, info = load_converted(run_dir, workspace=root)
     return LoadedModel(model, tokenizer, info, threading.Lock())

@@ -1,6 +1,6 @@
 """Chat generation for the workbench: one prompt, answered by the teacher and by the student.
 
-Teacher and student are one model object (:func:`core.evaluate.teacher_context` switches it to the
+Teacher and student are one model object (:func:`core.eval.metrics.teacher_context` switches it to the
 original softmax attention with LoRA off), so answers are generated one after the other, each
 holding the model's lock. Tokens stream through transformers' ``TextIteratorStreamer`` while
 ``generate`` runs in a helper thread.
@@ -68,7 +68,7 @@ def prepare_prompt(tokenizer, message: str, context_tokens: int, max_new_tokens:
     end of the message (the question usually comes last) and say so."""
     import torch
 
-    from core.evaluate import chat_prompt
+    from core.eval.metrics import chat_prompt
 
     budget = context_tokens - max_new_tokens
     if budget < 8:
@@ -114,7 +114,7 @@ def stream_answer(loaded, prepared: Prepared, *, teacher: bool, settings: Settin
     import torch
     from transformers import TextIteratorStreamer
 
-    from core.evaluate import teacher_context
+    from core.eval.metrics import teacher_context
 
     answer = answer if answer is not None else Answer()
     tok, model = loaded.tokenizer, loaded.model

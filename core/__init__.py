@@ -14,17 +14,17 @@ import importlib
 
 _EXPORTS = {
     "hybrid_attention": "core.attention",
-    "SUPPORTED_ARCHITECTURES": "core.surgery",
-    "LinearizeConfig": "core.surgery",
-    "UnsupportedModelError": "core.surgery",
-    "linearize": "core.surgery",
-    "lolcats_modules": "core.surgery",
-    "set_mode": "core.surgery",
-    "load_converted": "core.runs",
-    "export": "core.runs",
+    "SUPPORTED_ARCHITECTURES": "core.attention.surgery",
+    "LinearizeConfig": "core.attention.surgery",
+    "UnsupportedModelError": "core.attention.surgery",
+    "linearize": "core.attention.surgery",
+    "lolcats_modules": "core.attention.surgery",
+    "set_mode": "core.attention.surgery",
+    "load_converted": "core.pipeline.runs",
+    "export": "core.pipeline.runs",
     "load_model": "core.models",
-    "run_convert": "core.convert",
-    "attention_maps": "core.inspection",
+    "run_convert": "core.pipeline.convert",
+    "attention_maps": "core.attention.inspection",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -78,7 +78,7 @@ import torch
 from torch import nn
 
 from core.progress import NullProgress, ProgressCallback, StopRequested
-from core.surgery import LinearizeConfig, linearize, set_mode
+from core.attention.surgery import LinearizeConfig, linearize, set_mode
 
 SCHEMA = "lolcats-bench/1"
 MODELS = ("teacher", "student")
@@ -205,12 +205,12 @@ def build_student(teacher: nn.Module, config: BenchConfig) -> nn.Module:
 
 
 def load_converted_student(teacher: nn.Module, checkpoint: str | os.PathLike, config: BenchConfig) -> nn.Module:
-    """The student of a converted run folder or exported model (:func:`core.runs.load_converted`),
+    """The student of a converted run folder or exported model (:func:`core.pipeline.runs.load_converted`),
     on the teacher's device. ``config.model`` should name the same base model as the run.
 
     Speed and memory do not depend on the trained values, so a fresh conversion with the same
     settings measures the same; this benchmarks a run's exact conversion (and its LoRA wrapping)."""
-    from core.runs import load_converted
+    from core.pipeline.runs import load_converted
 
     device = next(teacher.parameters()).device
     student, _, _ = load_converted(checkpoint, device=str(device), workspace=config.workspace)

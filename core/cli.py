@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Convert a model: attention transfer, then LoRA, then evaluation (writes report.json)."""
         from core.config import load_config
-        from core.convert import run_convert
+        from core.pipeline.convert import run_convert
 
         cfg = load_config(config, preset)
         out = run_path(output, workspace, preset or "run")
@@ -114,9 +114,9 @@ def register(app: typer.Typer) -> None:
     ):
         """Held-out perplexity of teacher and student and per-layer attention MSE."""
         from core.config import build_config
-        from core.convert import eval_text_blocks
-        from core.evaluate import per_layer_mse, perplexity, teacher_context
-        from core.runs import load_converted
+        from core.pipeline.convert import eval_text_blocks
+        from core.eval.metrics import per_layer_mse, perplexity, teacher_context
+        from core.pipeline.runs import load_converted
 
         model, tokenizer, info = load_converted(run, workspace=workspace)
         cfg = build_config({"data": {"seq_len": seq_len}, "eval": {"ppl_blocks": blocks}})
@@ -137,7 +137,7 @@ def register(app: typer.Typer) -> None:
         workspace: Optional[Path] = WorkspaceOpt,
     ):
         """Export a standalone folder with LoRA merged; `lolcats chat/eval` and core.load_converted read it."""
-        from core.runs import export as export_run
+        from core.pipeline.runs import export as export_run
 
         console.print(f"exported to {export_run(run, out, workspace=workspace)}")
 
@@ -149,8 +149,8 @@ def register(app: typer.Typer) -> None:
         workspace: Optional[Path] = WorkspaceOpt,
     ):
         """Terminal chat: each prompt goes to the teacher and to the student."""
-        from core.evaluate import chat_prompt, generate_text, teacher_context
-        from core.runs import load_converted
+        from core.eval.metrics import chat_prompt, generate_text, teacher_context
+        from core.pipeline.runs import load_converted
 
         model, tokenizer, _ = load_converted(run, workspace=workspace)
         console.print("Type a message (empty line or Ctrl-D to quit).")
@@ -207,7 +207,7 @@ def register(app: typer.Typer) -> None:
         workspace: Optional[Path] = WorkspaceOpt,
     ):
         """Table 2 protocol: swap / transfer only / LoRA only / both, at equal total steps."""
-        from core.ablation import markdown_table, run_ablation
+        from core.pipeline.ablation import markdown_table, run_ablation
         from core.config import load_config
 
         cfg = load_config(config, preset)

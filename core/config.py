@@ -14,7 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from core.surgery import LinearizeConfig
+from core.attention.surgery import LinearizeConfig
 from core.presets import PRESETS
 
 

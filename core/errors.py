@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from core.checkpoint import CheckpointError
+from core.train.checkpoint import CheckpointError
 from core.config import ConfigError
 from core.data import DataError
-from core.surgery import UnsupportedModelError
-from core.lora import LoraTargetError
+from core.attention.surgery import UnsupportedModelError
+from core.train.lora import LoraTargetError
 from core.models import ModelLoadError
-from core.recipes.loop import NonFiniteLossError, OutOfMemory
+from core.train.loop import NonFiniteLossError, OutOfMemory
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     CheckpointError,

@@ -12,11 +12,11 @@ there, and, when ``progress.should_stop()`` returns True between steps, checkpoi
 :class:`core.progress.StopRequested`.
 
 Adding a kind is one call. When the core function has extra parameters, the entry points at a
-three-line adapter, e.g. for the conversion (``core.convert.run_convert(config, output, progress,
+three-line adapter, e.g. for the conversion (``core.pipeline.convert.run_convert(config, output, progress,
 resume, workspace)``)::
 
     def run_convert(config, run_dir, progress):
-        from core.convert import run_convert   # torch loads here, in the job process only
+        from core.pipeline.convert import run_convert   # torch loads here, in the job process only
         return run_convert(config, run_dir, progress, resume=True, workspace=Path.cwd())
 
     register_kind(JobKind(
@@ -200,7 +200,7 @@ register_preset("selftest-slow", "selftest", {"steps": 60, "step_seconds": 1.0},
 
 def run_convert_job(config, run_dir: Path, progress) -> dict:
     """The ``convert`` kind: a whole conversion run; a resumed job continues from its checkpoints."""
-    from core.convert import run_convert  # torch loads here, in the job process only
+    from core.pipeline.convert import run_convert  # torch loads here, in the job process only
 
     return run_convert(config, run_dir, progress, resume=True, workspace=Path.cwd())
 

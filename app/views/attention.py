@@ -33,7 +33,7 @@ def _maps(run_dir: str, stamp: float, prompt: str, layer: int) -> dict:
     """Attention maps of ``layer`` for ``prompt`` (cached per conversion, prompt and layer)."""
     import torch
 
-    from core.inspection import attention_maps
+    from core.attention.inspection import attention_maps
 
     job_model = common._load(run_dir, stamp, str(common.workspace()))
     tok = job_model.tokenizer
@@ -48,8 +48,8 @@ def _maps(run_dir: str, stamp: float, prompt: str, layer: int) -> dict:
 
 def _layers_info(job) -> tuple[int, list[int]]:
     lm = common.loaded_model(job)
-    from core.surgery import decoder_layers
-    from core.lora import base_model
+    from core.attention.surgery import decoder_layers
+    from core.train.lora import base_model
 
     n = len(decoder_layers(base_model(lm.model)))
     kept = list(job.config.get("attention", {}).get("softmax_layers", []))

@@ -30,7 +30,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager
 from core.attention.feature_maps import build_feature_map
 from core.attention.functional import hybrid_attention
 from core.attention.recurrent import decode_step, prefill_state
-from core.cache import hybrid_cache_layer
+from core.attention.cache import hybrid_cache_layer
 from kernels import dispatch
 
 MODES = ("student", "teacher", "distill")

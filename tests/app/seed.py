@@ -76,7 +76,7 @@ def _run_here(ws: Path, kind: str, config: dict, name: str, run) -> int:
 
 def _convert_here(ws: Path, config: dict, name: str) -> int:
     from core.config import build_config
-    from core.convert import run_convert
+    from core.pipeline.convert import run_convert
 
     return _run_here(ws, "convert", config, name,
                      lambda run_dir, progress: run_convert(build_config(config), run_dir, progress, workspace=ws))

@@ -156,7 +156,7 @@ def tokenizer(seeded):
 
 def test_short_prompt_is_sent_whole(tokenizer):
     from app.generation import prepare_prompt
-    from core.evaluate import chat_prompt
+    from core.eval.metrics import chat_prompt
 
     p = prepare_prompt(tokenizer, "Hello!", 256, 32)
     assert p.notice is None

@@ -249,7 +249,7 @@ def test_config_round_trip():
 
 
 def test_student_checkpoint_is_loaded_from_a_run(tmp_path):
-    from core.checkpoint import CheckpointError
+    from core.train.checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match="does not exist"):
         build_student(tiny_model("llama"), BenchConfig(student_checkpoint=str(tmp_path / "no-such-run")))

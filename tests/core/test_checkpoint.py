@@ -5,7 +5,7 @@ import errno
 import pytest
 import torch
 
-import core.checkpoint as ck
+import core.train.checkpoint as ck
 
 
 def test_disk_full_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):

@@ -6,15 +6,15 @@ import pytest
 import torch
 
 import core
-from core.checkpoint import CheckpointError
+from core.train.checkpoint import CheckpointError
 from core.config import ConfigError, build_config, preset
-from core.convert import run_convert
+from core.pipeline.convert import run_convert
 from core.data import DataError
-from core.lora import LoraTargetError
+from core.train.lora import LoraTargetError
 from core.models import ModelLoadError
 from core.progress import RecordingProgress, StopRequested
-from core.recipes.loop import OutOfMemory
-from core.runs import export, load_converted
+from core.train.loop import OutOfMemory
+from core.pipeline.runs import export, load_converted
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +140,7 @@ def test_unsupported_architecture_folder(workspace, tmp_path):
 
 
 def test_out_of_memory_is_reported_with_a_hint(workspace, tmp_path, monkeypatch):
-    import core.recipes.distill_attention as d
+    import core.train.distill_attention as d
 
     def boom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

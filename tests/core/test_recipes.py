@@ -5,12 +5,12 @@ import pytest
 import torch
 
 import core
-from core.checkpoint import CheckpointError, load_checkpoint
+from core.train.checkpoint import CheckpointError, load_checkpoint
 from core.config import Stage1Spec, Stage2Spec
 from core.progress import RecordingProgress, StopRequested
-from core.recipes.distill_attention import evaluate_layers, train_stage1
-from core.recipes.finetune_lora import train_stage2, validation_loss, wrap_for_stage2
-from core.recipes.loop import NonFiniteLossError
+from core.train.distill_attention import evaluate_layers, train_stage1
+from core.train.finetune_lora import train_stage2, validation_loss, wrap_for_stage2
+from core.train.loop import NonFiniteLossError
 from tests.tiny_models import tiny_model
 
 

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from core.config import Stage2Spec
-from core.surgery import set_mode
-from core.lora import add_lora, base_model
+from core.attention.surgery import set_mode
+from core.train.lora import add_lora, base_model
 from core.progress import ProgressCallback
-from core.recipes.loop import Batch, LoopSpec, Parallel, load_best, run_loop
+from core.train.loop import Batch, LoopSpec, Parallel, load_best, run_loop
 
 
 def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -44,7 +44,7 @@ def train_stage2(
 ) -> dict:
     """LoRA fine-tuning of a model already wrapped by :func:`wrap_for_stage2`; loads the best adapters.
 
-    Data-parallel (see :mod:`core.distributed`): ``parallel`` is this process's part and
+    Data-parallel (see :mod:`core.pipeline.distributed`): ``parallel`` is this process's part and
     ``forward_model`` the model wrapped for it (e.g. DDP); ``model`` stays the unwrapped one."""
     forward = forward_model if forward_model is not None else model
 

@@ -2,8 +2,8 @@
 
 Launch one process per device (``N`` = number of GPUs; on CPU, ``N`` processes with gloo)::
 
-    python -m torch.distributed.run --standalone --nproc_per_node N -m core.distributed stage1 --config my.yaml --output my-run
-    accelerate launch --num_processes N -m core.distributed stage2 --config my.yaml --output my-run
+    python -m torch.distributed.run --standalone --nproc_per_node N -m core.pipeline.distributed stage1 --config my.yaml --output my-run
+    accelerate launch --num_processes N -m core.pipeline.distributed stage2 --config my.yaml --output my-run
     lolcats convert my.yaml --output my-run --resume     # both stages found finished: evaluation, report.json
 
 Stage 1 (attention transfer) needs ``stage1.layers_per_block``. With teacher forcing, every block
@@ -11,7 +11,7 @@ of layers trains only on the teacher's hidden states entering it, so blocks are 
 trainable blocks are dealt out round-robin (block ``i`` of the list to process ``i % N``), each
 process caches the teacher inputs of its own blocks under ``<run>/stage1/cache`` and trains them
 exactly as the single-process block-wise run does, and rank 0 gathers every block's best tensors
-into ``<run>/stage1/best`` (:func:`core.recipes.distill_attention.gather_blocks`). The result
+into ``<run>/stage1/best`` (:func:`core.train.distill_attention.gather_blocks`). The result
 equals the single-process block-wise run's, tensor for tensor. No gradient ever crosses processes.
 
 Stage 2 (LoRA) is data-parallel. Every process sees the whole model; of each optimizer step's
@@ -150,7 +150,7 @@ def stage2_strategy(requested: str | None, distributed_type) -> str:
 
 
 class DataParallel:
-    """:class:`core.recipes.loop.Parallel` over an ``accelerate.Accelerator``'s processes, DDP.
+    """:class:`core.train.loop.Parallel` over an ``accelerate.Accelerator``'s processes, DDP.
 
     ``prepare(model)`` wraps the model; the training loop calls ``backward(loss, sync)`` per
     micro-batch, with gradient sync only on a process's last one."""
@@ -197,15 +197,15 @@ class ShardedDataParallel(DataParallel):
     the root unit holds embeddings, final norm and head. Frozen and LoRA parameters shard alike;
     gradients exist only for the LoRA ones and are reduce-scattered (averaged) across processes
     on a process's last micro-batch of a step. Parameters become ``DTensor`` shards; checkpoints
-    gather them whole (:mod:`core.checkpoint`)."""
+    gather them whole (:mod:`core.train.checkpoint`)."""
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Shard ``model`` in place onto this process's device; returns it."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        from core.lora import base_model
-        from core.surgery import decoder_layers
+        from core.train.lora import base_model
+        from core.attention.surgery import decoder_layers
 
         mesh = init_device_mesh(self.accelerator.device.type, (self.world_size,))
         for layer in decoder_layers(base_model(model)):
@@ -221,7 +221,7 @@ class ShardedDataParallel(DataParallel):
 
 def held_fraction(model: nn.Module) -> tuple[int, int]:
     """(parameter elements this process holds, parameter elements of the whole model)."""
-    from core.checkpoint import local
+    from core.train.checkpoint import local
 
     params = list(model.parameters())
     return sum(local(p).numel() for p in params), sum(p.numel() for p in params)
@@ -258,7 +258,7 @@ class RankProgress:
 def _prepare(config: ConvertConfig, output: Path, workspace, device: str, group_main: bool, barrier):
     """Run folder (rank 0), then model and data on every process, rank 0 first: it fills the
     workspace's model cache, so the others only read it."""
-    from core.convert import build_student, data_config, prepare_run_dir, seed_everything
+    from core.pipeline.convert import build_student, data_config, prepare_run_dir, seed_everything
     from core.data import load_data
     from core.models import check_seq_len
 
@@ -290,9 +290,9 @@ def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str 
     """This process's share of block-wise attention transfer; rank 0 gathers ``stage1/best``.
 
     Returns ``{"blocks": {...}, "ranks": {rank: [block, ...]}}`` on rank 0 (its own share elsewhere)."""
-    from core.convert import _finished
-    from core.recipes.distill_attention import gather_blocks, train_stage1_blockwise, trainable_blocks
-    from core.surgery import linearize
+    from core.pipeline.convert import _finished
+    from core.train.distill_attention import gather_blocks, train_stage1_blockwise, trainable_blocks
+    from core.attention.surgery import linearize
 
     spec = config.stage1
     if not spec.enabled:
@@ -340,10 +340,10 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
     replicated (``strategy="ddp"``) or sharded (``"fsdp"``); ``None`` picks from accelerate's config."""
     from accelerate import Accelerator
 
-    from core.convert import _finished
-    from core.recipes.finetune_lora import train_stage2, wrap_for_stage2
-    from core.recipes.loop import load_best
-    from core.surgery import linearize
+    from core.pipeline.convert import _finished
+    from core.train.finetune_lora import train_stage2, wrap_for_stage2
+    from core.train.loop import load_best
+    from core.attention.surgery import linearize
 
     spec = config.stage2
     if not spec.enabled:
@@ -366,7 +366,7 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
         linearize(model, config.attention.linearize_config())
         if config.stage1.enabled:
             if not _finished(output, "stage1", config.stage1.steps):
-                raise ConfigError(f"stage 1 is not finished in {output}; run `python -m core.distributed stage1` (or "
+                raise ConfigError(f"stage 1 is not finished in {output}; run `python -m core.pipeline.distributed stage1` (or "
                                   "`lolcats convert`) on this run folder first")
             load_best(model, output, "stage1")
         torch.manual_seed(config.seed)  # the same LoRA initialisation on every process
@@ -403,7 +403,7 @@ def _output(output: str, workspace: str | None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m core.distributed",
+        prog="python -m core.pipeline.distributed",
         description="Run one conversion stage across the processes of a torchrun / accelerate launch.")
     parser.add_argument("stage", choices=["stage1", "stage2"])
     parser.add_argument("--config", type=Path, default=None, help="YAML run config (sections as for lolcats convert)")

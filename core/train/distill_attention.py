@@ -22,11 +22,11 @@ from torch import nn
 from safetensors.torch import load_file, save_file
 
 from core.attention.effective import hybrid_attention_matrix, softmax_attention_matrix
-from core.checkpoint import load_checkpoint, save_checkpoint
+from core.train.checkpoint import load_checkpoint, save_checkpoint
 from core.config import Stage1Spec
-from core.surgery import lolcats_modules, set_mode
+from core.attention.surgery import lolcats_modules, set_mode
 from core.progress import ProgressCallback
-from core.recipes.loop import Batch, LoopSpec, load_best, run_loop
+from core.train.loop import Batch, LoopSpec, load_best, run_loop
 
 
 def freeze_for_stage1(model: nn.Module, layers: range | None = None) -> None:
@@ -215,7 +215,7 @@ def train_stage1_blockwise(model, spec: Stage1Spec, train: Batch, val: Batch, ru
     gather every block's best tensors into one ``stage1/best`` checkpoint.
 
     ``blocks``: train only these block indices (one process's share of a multi-device run, see
-    :mod:`core.distributed`); their teacher inputs alone are cached, and the caller gathers."""
+    :mod:`core.pipeline.distributed`); their teacher inputs alone are cached, and the caller gathers."""
     plan = trainable_blocks(model, spec.layers_per_block)
     if blocks is not None:
         plan = {b: layers for b, layers in plan.items() if b in set(blocks)}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from core.surgery import decoder_layers, lolcats_modules
+from core.attention.surgery import decoder_layers, lolcats_modules
 
 
 class LoraTargetError(ValueError):

@@ -23,16 +23,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from core.checkpoint import load_checkpoint
+from core.train.checkpoint import load_checkpoint
 from core.config import ConfigError, ConvertConfig, config_diff
 from core.data import DataConfig, load_blocks, load_data, load_rows
-from core.evaluate import passkey, per_layer_mse, perplexity, samples, teacher_context
-from core.surgery import linearize
+from core.eval.metrics import passkey, per_layer_mse, perplexity, samples, teacher_context
+from core.attention.surgery import linearize
 from core.models import check_seq_len, load_model
 from core.progress import NullProgress, ProgressCallback
-from core.recipes.distill_attention import train_stage1
-from core.recipes.finetune_lora import train_stage2, wrap_for_stage2
-from core.recipes.loop import load_best
+from core.train.distill_attention import train_stage1
+from core.train.finetune_lora import train_stage2, wrap_for_stage2
+from core.train.loop import load_best
 
 CONFIG_FILE = "config.json"
 REPORT_FILE = "report.json"

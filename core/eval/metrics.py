@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.config import EvalSpec, Stage1Spec
-from core.surgery import decoder_layers, lolcats_modules, set_mode
-from core.lora import base_model
+from core.attention.surgery import decoder_layers, lolcats_modules, set_mode
+from core.train.lora import base_model
 from core.progress import NullProgress, ProgressCallback
-from core.recipes.distill_attention import evaluate_layers
+from core.train.distill_attention import evaluate_layers
 
 Batch = dict[str, torch.Tensor]
 

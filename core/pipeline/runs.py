@@ -1,6 +1,6 @@
 """Loading converted models back: from a run folder or from an exported standalone folder.
 
-* Run folder (written by :func:`core.convert.run_convert`): base model -> convert -> stage-1 best
+* Run folder (written by :func:`core.pipeline.convert.run_convert`): base model -> convert -> stage-1 best
   tensors -> LoRA wrap -> stage-2 best tensors.
 * Export (:func:`export`): LoRA merged into the base weights, saved with ``save_pretrained``
   (feature maps and mixing factors included in the safetensors) plus ``lolcats.json`` holding
@@ -16,13 +16,13 @@ from pathlib import Path
 from safetensors.torch import load_file
 from torch import nn
 
-from core.checkpoint import CheckpointError, load_trainable, refuse_pickle
+from core.train.checkpoint import CheckpointError, load_trainable, refuse_pickle
 from core.config import ConvertConfig
-from core.surgery import LinearizeConfig, linearize
-from core.lora import merge_lora
+from core.attention.surgery import LinearizeConfig, linearize
+from core.train.lora import merge_lora
 from core.models import load_model, resolve_device
-from core.recipes.finetune_lora import wrap_for_stage2
-from core.recipes.loop import load_best
+from core.train.finetune_lora import wrap_for_stage2
+from core.train.loop import load_best
 
 EXPORT_CONFIG = "lolcats.json"
 

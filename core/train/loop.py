@@ -7,7 +7,7 @@ checkpoints ``<run>/<stage>/last`` (resume point, with optimizer state) and ``<r
 same batches, and with the restored optimizer and RNG state gives the same losses, as one that
 never stopped.
 
-Data-parallel training (``parallel``, see :class:`Parallel` and :mod:`core.distributed`): every
+Data-parallel training (``parallel``, see :class:`Parallel` and :mod:`core.pipeline.distributed`): every
 process runs the same loop on the same parameters; process ``r`` of ``N`` takes micro-batches
 ``r, r + N, ...`` of each accumulation group, gradients are averaged across processes before the
 optimizer step (so the step equals the single-process step with the same global batch), stop
@@ -25,7 +25,7 @@ from typing import Callable, Protocol
 import torch
 from torch import nn
 
-from core.checkpoint import (load_checkpoint, load_optimizer_state, load_trainable, local, optimizer_state,
+from core.train.checkpoint import (load_checkpoint, load_optimizer_state, load_trainable, local, optimizer_state,
                              restore_rng, save_checkpoint, trainable_state)
 from core.progress import ProgressCallback, StopRequested
 
@@ -56,8 +56,8 @@ class LoopSpec:
 
 
 class Parallel(Protocol):
-    """One process's part in data-parallel training (:class:`core.distributed.DataParallel` for DDP and
-    :class:`core.distributed.ShardedDataParallel` for FSDP)."""
+    """One process's part in data-parallel training (:class:`core.pipeline.distributed.DataParallel` for DDP and
+    :class:`core.pipeline.distributed.ShardedDataParallel` for FSDP)."""
 
     rank: int
     world_size: int

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from core.config import ConvertConfig
-from core.convert import run_convert, write_json
+from core.pipeline.convert import run_convert, write_json
 from core.progress import NullProgress, ProgressCallback
 
 VARIANTS = ("swap", "transfer", "lora", "both")

@@ -9,7 +9,7 @@ from torch import nn
 
 from core.attention.effective import hybrid_attention_matrix, softmax_attention_matrix
 from core.attention.layer import LolcatsAttention
-from core.surgery import decoder_layers
+from core.attention.surgery import decoder_layers
 
 MAX_TOKENS = 512  # the matrices are L x L per head
 
