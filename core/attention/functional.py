@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from kernels import dispatch
-from kernels.hybrid import KINDS
+from kernels.hybrid.window import KINDS
 
 __all__ = ["KINDS", "hybrid_attention", "check_kind"]
 

@@ -26,7 +26,8 @@ from typing import Callable
 import torch
 
 from kernels.hybrid.torch_chunked import augment_values
-from kernels.hybrid.window import leaving, leaving_columns, place_token, token_position, window_capacity, window_start
+from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
+from kernels.hybrid.window import window_capacity, window_start
 
 KeyFeatures = Callable[[torch.Tensor], torch.Tensor]  # raw keys [B, H_kv, K, d] -> [B, H, K, F]
 

@@ -1,5 +1,4 @@
-"""Hybrid (sliding-window / terraced / linear) attention: PyTorch form, later Triton kernels."""
+"""Hybrid (sliding-window / terraced / linear) attention: PyTorch and Triton forms of one op.
 
-from kernels.hybrid.torch_chunked import KINDS, hybrid_attention_torch
-
-__all__ = ["KINDS", "hybrid_attention_torch"]
+Importing the package loads nothing heavy; import the submodule you need.
+"""

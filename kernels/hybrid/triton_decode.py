@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import INTERPRETER, tl, triton
-from kernels.hybrid.window import leaving, leaving_columns, place_token, token_position
+from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 
 
 @triton.jit

@@ -1,19 +1,13 @@
-"""Window bookkeeping shared by the recurrent decode step (PyTorch and Triton).
+"""The attention kinds and the window rule: which keys a query sees through softmax (torch-free).
 
 Positions count from each row's first real token. After a token at position p the state holds
 the real keys with position < window_start(p) and the window cache those at or above it:
 window_start(p) = p + 1 (linear), p - w + 1 (sliding window), w * (floor(p / w) - 1) (terraced).
-
-The window cache is a ring of K = window_capacity(kind, w) slots: the token with sequence index j
-(padding included) lives in slot j % K. Every key still inside the window is one of the last K
-tokens, so the slot a new token takes holds a key that has left the window, at the latest in
-this step (it is folded into the state before the slot is overwritten). Decoding thus writes one
-column in place instead of copying the cache to append to it.
 """
 
 from __future__ import annotations
 
-import torch
+KINDS = ("linear", "sliding_window", "terraced")  # the attention kinds every layer, config and kernel accepts
 
 
 def window_capacity(kind: str, w: int) -> int:
@@ -21,48 +15,12 @@ def window_capacity(kind: str, w: int) -> int:
     return {"linear": 0, "sliding_window": w, "terraced": 2 * w}[kind]
 
 
-def window_start(kind: str, w: int, pos: torch.Tensor) -> torch.Tensor:
-    """First position still inside the window of a query at ``pos``."""
+def window_start(kind: str, w: int, pos):
+    """First position still inside the window of a query at ``pos`` (an int or an integer tensor)."""
     if kind == "linear":
         return pos + 1
     if kind == "sliding_window":
         return pos - w + 1
-    return w * (torch.div(pos, w, rounding_mode="floor") - 1)
+    return w * (pos // w - 1)
 
 
-def token_position(state, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(first, pos)`` for token number ``state.seen``: ``first`` [B] (set for rows whose first real
-    token this is) and its position ``pos`` [B] (-1 while a row has no real token)."""
-    n = state.seen
-    first = torch.where((state.first < 0) & valid, torch.full_like(state.first, n), state.first)
-    pos = torch.where(first >= 0, n - first, torch.full_like(first, -1))
-    return first, pos
-
-
-def leaving(kind: str, w: int, state, pos: torch.Tensor) -> torch.Tensor:
-    """[B, K] bool: cached keys below the window of a query at ``pos`` (folded in this step)."""
-    return state.win_valid & (state.win_pos < window_start(kind, w, pos)[:, None])
-
-
-def leaving_columns(kind: str, state, fold: torch.Tensor) -> torch.Tensor:
-    """Slots that may hold leaving keys. Sliding window: only the slot the new token takes (the
-    key w tokens back), with no host synchronisation; terraced: a whole tile at a tile boundary,
-    found with one ``nonzero``."""
-    if kind == "sliding_window":
-        return torch.full((1,), state.seen % fold.shape[1], dtype=torch.long, device=fold.device)
-    return fold.any(0).nonzero().flatten()
-
-
-def place_token(state, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor,
-                fold: torch.Tensor) -> None:
-    """Clear the leaving keys' validity and write the new token (k, v ``[B, H_kv, 1, d]``) into
-    slot ``seen % K`` of the window cache, in place."""
-    if state.win_k.is_inference() and not torch.is_inference_mode_enabled():  # written under inference_mode
-        state.win_k, state.win_v = state.win_k.clone(), state.win_v.clone()
-        state.win_pos, state.win_valid = state.win_pos.clone(), state.win_valid.clone()
-    slot = state.seen % state.win_k.shape[2]
-    state.win_valid &= ~fold
-    state.win_k[:, :, slot] = k[:, :, 0]
-    state.win_v[:, :, slot] = v[:, :, 0]
-    state.win_pos[:, slot] = pos
-    state.win_valid[:, slot] = valid
