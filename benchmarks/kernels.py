@@ -40,6 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from core.io import is_oom  # noqa: E402 (after the path setup)
+
 DEV = "cuda"  # "cpu" only for --cpu-smoke (Triton interpreter, tiny shapes, meaningless numbers)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 KINDS = ["sliding_window", "terraced", "linear"]
@@ -71,10 +73,6 @@ def cuda_time(fn, repeats: int, warmup: int = 2) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     return statistics.median(times)
-
-
-def is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
 def free():

@@ -62,7 +62,6 @@ import copy
 import ctypes
 import dataclasses
 import gc
-import json
 import math
 import os
 import platform
@@ -77,13 +76,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.io import atomic_write_json, is_oom
 from core.progress import NullProgress, ProgressCallback, StopRequested
 from core.attention.surgery import LinearizeConfig, linearize, set_mode
 
 SCHEMA = "lolcats-bench/1"
 MODELS = ("teacher", "student")
 SWEEPS = ("axes", "grid")
-OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 GIB = 1024**3
 
 
@@ -387,13 +386,6 @@ def peak_tracker(device: torch.device):
 # ----------------------------------------------------------------------------------------------
 # Measuring one point
 # ----------------------------------------------------------------------------------------------
-
-
-def is_oom(exc: BaseException) -> bool:
-    """True for the ways running out of memory surfaces in torch (CUDA and CPU) and Python."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MESSAGES)
 
 
 @dataclass
@@ -754,12 +746,7 @@ def run_benchmark(
 
 def write_result(result: dict[str, Any], path: str | os.PathLike) -> Path:
     """Write ``result`` as JSON (atomically: a temporary file renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_json(path, result)
 
 
 def find_point(result: dict[str, Any], model: str, batch_size: int, prompt_length: int, gen_length: int | None = None):

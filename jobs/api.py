@@ -34,7 +34,7 @@ from core.workspace import runs_dir, safe_child
 from jobs import store
 from jobs.db import Database, open_db
 from jobs.errors import ConfigError, InvalidTransition, ResumeConfigMismatch
-from jobs.files import read_json
+from core.io import read_json
 from jobs.kinds import diff_configs, get_kind, get_preset
 from jobs.models import RESUMABLE_STATES, Job, JobEvent, JobStatus, Metric
 from jobs.records import EventInfo, JobInfo, MetricPoint, event_info, job_info, metric_point

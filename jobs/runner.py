@@ -41,7 +41,7 @@ from core.progress import StopRequested
 from jobs import store
 from jobs.db import DB_URL_ENV, Database, open_db
 from jobs.errors import describe_failure, traceback_tail
-from jobs.files import atomic_write_json
+from core.io import atomic_write_json
 from jobs.kinds import get_kind
 from jobs.models import Job, JobStatus, utcnow
 from jobs.progress import DbProgress

@@ -23,7 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.progress import ProgressCallback, StopRequested
-from jobs.files import atomic_write_json, read_json
+from core.io import atomic_write_json, read_json
 from jobs.kinds import WorkspacePath
 
 CHECKPOINT = "checkpoint.json"

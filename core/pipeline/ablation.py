@@ -17,7 +17,8 @@ import math
 from pathlib import Path
 
 from core.config import ConvertConfig
-from core.pipeline.convert import run_convert, write_json
+from core.io import atomic_write_json
+from core.pipeline.convert import run_convert
 from core.progress import NullProgress, ProgressCallback
 
 VARIANTS = ("swap", "transfer", "lora", "both")
@@ -54,7 +55,7 @@ def run_ablation(base: ConvertConfig, output: str | Path, kinds=("linear", "terr
                 "val_ppl": report["val_ppl"], "heldout_ppl": report["student_ppl"], "teacher_heldout_ppl": report["teacher_ppl"],
             })
     result = {"total_steps": total, "rows": rows}
-    write_json(output / "ablation.json", result)
+    atomic_write_json(output / "ablation.json", result)
     (output / "ablation.md").write_text(markdown_table(rows))
     return result
 

@@ -29,6 +29,7 @@ from core.data import DataConfig, load_blocks, load_data, load_rows
 from core.eval.metrics import passkey, per_layer_mse, perplexity, samples, teacher_context
 from core.attention.surgery import linearize
 from core.models import check_seq_len, load_model
+from core.io import atomic_write_json
 from core.progress import NullProgress, ProgressCallback
 from core.train.distill_attention import train_stage1
 from core.train.finetune_lora import train_stage2, wrap_for_stage2
@@ -36,16 +37,6 @@ from core.train.loop import load_best
 
 CONFIG_FILE = "config.json"
 REPORT_FILE = "report.json"
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Atomic JSON write (temp file, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def prepare_run_dir(config: ConvertConfig, output: Path, resume: bool) -> None:
@@ -60,7 +51,7 @@ def prepare_run_dir(config: ConvertConfig, output: Path, resume: bool) -> None:
             raise ConfigError("cannot resume: the config changed what was trained:\n  " + "\n  ".join(diff))
     else:
         output.mkdir(parents=True, exist_ok=True)
-        write_json(stored, config.model_dump())
+        atomic_write_json(stored, config.model_dump())
 
 
 def seed_everything(seed: int) -> None:
@@ -123,7 +114,7 @@ def run_convert(
     else:
         t = time.perf_counter()
         teacher_ppl = perplexity(model, eval_blocks, progress=progress, stage="teacher_eval")
-        write_json(teacher_file, {"teacher_ppl": teacher_ppl})
+        atomic_write_json(teacher_file, {"teacher_ppl": teacher_ppl})
         timings["teacher_eval_s"] = time.perf_counter() - t
     progress.on_log(f"teacher held-out perplexity {teacher_ppl:.3f}")
 
@@ -150,7 +141,7 @@ def run_convert(
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
     report.update({"timings": timings, "training": result, "data": splits.info, "config": dumped})
-    write_json(output / REPORT_FILE, report)
+    atomic_write_json(output / REPORT_FILE, report)
     progress.on_log(f"student perplexity {report['student_ppl']:.3f} (teacher {teacher_ppl:.3f}); report in {output}")
     return report
 

@@ -27,6 +27,7 @@ from torch import nn
 
 from core.train.checkpoint import (load_checkpoint, load_optimizer_state, load_trainable, local, optimizer_state,
                              restore_rng, save_checkpoint, trainable_state)
+from core.io import is_oom
 from core.progress import ProgressCallback, StopRequested
 
 Batch = dict[str, torch.Tensor]
@@ -88,10 +89,6 @@ def batch_at(blocks: Batch, index: int, batch_size: int, seed: int) -> Batch:
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
         rows.append(int(perm[offset]))
     return {k: v[rows] for k, v in blocks.items()}
-
-
-def is_oom(err: BaseException) -> bool:
-    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(err).lower()
 
 
 def oom_message(stage: str, step: int, spec: LoopSpec) -> str:

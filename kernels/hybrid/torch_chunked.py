@@ -28,7 +28,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F_
 
-from kernels.hybrid.window import KINDS
 LINEAR_CHUNK = 64  # chunk length of the causal linear part; any value gives the same result
 
 

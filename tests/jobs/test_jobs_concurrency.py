@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from jobs import api
 from jobs.db import open_db
-from jobs.files import atomic_write_json
+from core.io import atomic_write_json
 from jobs.models import JobEvent
 from jobs.selftest import selftest_state
 from jobs_testutil import hold_write_lock, starts, wait_for, wait_status
@@ -75,7 +75,7 @@ def test_reading_from_another_process_during_heavy_metric_writes_never_fails(ws,
 
 _WRITER = r"""
 import sys
-from jobs.files import atomic_write_json
+from core.io import atomic_write_json
 path, step = sys.argv[1], 0
 while True:
     step += 1
