@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from app.charts import benchmark_figures
+
 METRICS = ("tokens_per_second", "decode_tokens_per_second", "prefill_tokens_per_second", "peak_memory_bytes",
            "time_to_first_token_s")
 _ALIASES = {
@@ -81,13 +83,9 @@ def normalise(report: Any) -> list[dict[str, Any]]:
 
 
 def native_figures(report: Any) -> dict[str, Any] | None:
-    """``core.bench.figures(report)`` when that module is available and accepts the report, else None."""
+    """:func:`app.charts.benchmark_figures` of the report when it has the ``core.bench`` schema, else None."""
     try:
-        from core.bench import figures
-    except Exception:  # noqa: BLE001 - any import problem: fall back to the workbench's own charts
-        return None
-    try:
-        figs = figures(report)
+        figs = benchmark_figures(report)
     except Exception:  # noqa: BLE001 - a report of another shape
         return None
     return figs if isinstance(figs, dict) and figs else None

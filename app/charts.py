@@ -16,7 +16,9 @@ from plotly.subplots import make_subplots
 
 TEMPLATE = "plotly_white"
 LOG_FLOOR = 1e-6  # weights below this are drawn at the floor of the log scale
-COLORS = {"teacher": "#1f77b4", "student": "#d62728"}
+COLORS = {"teacher": "#1f77b4", "student": "#d62728"}  # also the order models are drawn in
+DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]  # one per group of fixed factors
+GIB = 1024**3
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,3 +213,76 @@ def throughput_figure(points: Sequence[dict[str, Any]], x: str, metric: str) -> 
                       margin={"t": 60, "b": 40})
     fig.update_xaxes(type="log", dtick=math.log10(2))
     return fig
+
+
+def _bench_groups(points: list[dict], x: str) -> dict[tuple, list[dict]]:
+    """Points grouped by the two factors other than ``x``; groups where ``x`` takes several values
+    come first (all groups are kept so that a single-point result still plots)."""
+    others = [k for k in ("batch_size", "prompt_length", "gen_length") if k != x]
+    groups: dict[tuple, list[dict]] = {}
+    for p in points:
+        groups.setdefault(tuple(p[k] for k in others), []).append(p)
+    varied = {k: v for k, v in groups.items() if len({p[x] for p in v}) > 1}
+    return varied or groups
+
+
+def _fixed_label(x: str, key: tuple) -> str:
+    names = {"batch_size": "B", "prompt_length": "L", "gen_length": "G"}
+    others = [k for k in ("batch_size", "prompt_length", "gen_length") if k != x]
+    return " ".join(f"{names[k]}={v}" for k, v in zip(others, key))
+
+
+def _bench_figure(result: dict, x: str, panels: list[tuple[str, str, float]], title: str, log_y: bool) -> go.Figure:
+    """One row of panels (``(metric, y label, scale)``) against ``x``; OOM points are named in the title."""
+    xlabel = {"batch_size": "batch size", "prompt_length": "context length (prompt tokens)"}[x]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[1] for p in panels])
+    groups = _bench_groups(result["points"], x)
+    ooms = []
+    for gi, (key, pts) in enumerate(sorted(groups.items())):
+        for model in COLORS:
+            rows = sorted((p for p in pts if p["model"] == model), key=lambda p: p[x])
+            ooms += [f"{model} {_fixed_label(x, key)} {x.split('_')[0]}={p[x]}" for p in rows if p["status"] == "oom"]
+            ok = [p for p in rows if p["status"] == "ok"]
+            if not ok:
+                continue
+            for col, (metric, _, scale) in enumerate(panels, start=1):
+                fig.add_trace(
+                    go.Scatter(
+                        x=[p[x] for p in ok],
+                        y=[p[metric] / scale for p in ok],
+                        mode="lines+markers",
+                        name=f"{model} ({_fixed_label(x, key)})",
+                        legendgroup=f"{model}-{key}",
+                        showlegend=col == 1,
+                        line={"color": COLORS[model], "dash": DASHES[gi % len(DASHES)]},
+                    ),
+                    row=1, col=col,
+                )
+    fig.update_xaxes(title_text=xlabel, type="log", dtick=math.log10(2))
+    if log_y:
+        fig.update_yaxes(type="log")
+    for col, (_, ylabel, _) in enumerate(panels, start=1):
+        fig.update_yaxes(title_text=ylabel, row=1, col=col)
+    text = title + (f"<br><sup>out of memory: {', '.join(ooms)}</sup>" if ooms else "")
+    fig.update_layout(title_text=text, template=TEMPLATE, legend_title_text="model (fixed factors)")
+    return fig
+
+
+def benchmark_figures(result: dict[str, Any]) -> dict[str, go.Figure]:
+    """Figures of a :func:`core.bench.run_benchmark` result: throughput and peak memory against batch size and
+    against context length, teacher vs student. Keys: ``throughput_vs_batch``,
+    ``throughput_vs_context``, ``memory_vs_batch``, ``memory_vs_context``."""
+    throughput = [
+        ("prefill_tokens_per_second", "prefill tokens/s", 1.0),
+        ("decode_tokens_per_second", "decode tokens/s", 1.0),
+    ]
+    memory = [
+        ("peak_memory_bytes", "peak memory, prefill + decode (GiB)", GIB),
+        ("decode_peak_memory_bytes", "peak memory while decoding (GiB)", GIB),
+    ]
+    return {
+        "throughput_vs_batch": _bench_figure(result, "batch_size", throughput, "Throughput vs batch size", True),
+        "throughput_vs_context": _bench_figure(result, "prompt_length", throughput, "Throughput vs context length", True),
+        "memory_vs_batch": _bench_figure(result, "batch_size", memory, "Peak memory vs batch size", False),
+        "memory_vs_context": _bench_figure(result, "prompt_length", memory, "Peak memory vs context length", False),
+    }

@@ -1,0 +1,111 @@
+"""What a throughput benchmark measures: the models, the points of the sweep, the run settings.
+
+Points are ``(batch_size, prompt_length, gen_length)``. The conversion of a fresh student is read
+through :meth:`BenchConfig.linearize_config`, the one place this package names the attention
+config class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from core.attention.surgery import LinearizeConfig
+
+MODELS = ("teacher", "student")
+SWEEPS = ("axes", "grid")
+
+
+@dataclass
+class BenchConfig:
+    """What to benchmark and over which points.
+
+    ``sweep="axes"`` varies one factor at a time around the base point: every ``batch_sizes``
+    value at the base prompt and generation length, every ``prompt_lengths`` value at the base
+    batch size and generation length, every ``gen_lengths`` value at the base batch size and
+    prompt length. ``sweep="grid"`` measures the full product. ``extra_points`` are added in both
+    modes. A base value left ``None`` is the first value of its list.
+    """
+
+    model: str = "smollm2-135m-instruct"  # any source core.models.load_model accepts
+    dtype: str = "float32"
+    device: str = "auto"
+    workspace: str | None = None
+    student_checkpoint: str | None = None  # a converted checkpoint to benchmark instead of a fresh conversion
+    linearize: dict[str, Any] = field(default_factory=dict)  # attention config fields of the fresh conversion
+    models: list[str] = field(default_factory=lambda: list(MODELS))
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    prompt_lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
+    gen_lengths: list[int] = field(default_factory=lambda: [8])
+    sweep: str = "axes"
+    base_batch_size: int | None = None
+    base_prompt_length: int | None = None
+    base_gen_length: int | None = None
+    extra_points: list[list[int]] = field(default_factory=list)
+    repeats: int = 1  # every point is measured this many times per model; medians are reported
+    threads: int | None = None  # torch intra-op threads during the sweep; None keeps torch's setting
+    warmup: bool = True  # one short untimed prefill + decode per model before the sweep
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("batch_sizes", "prompt_lengths", "gen_lengths"):
+            values = [int(v) for v in getattr(self, name)]
+            if not values:
+                raise ValueError(f"{name} must list at least one value")
+            setattr(self, name, values)
+        for name in ("batch_sizes", "prompt_lengths"):
+            bad = [v for v in getattr(self, name) if v < 1]
+            if bad:
+                raise ValueError(f"{name} must be >= 1, got {bad}")
+        bad = [g for g in self.gen_lengths if g < 2]
+        if bad:
+            raise ValueError(
+                f"gen_lengths must be >= 2 (the first token comes from the prefill, decode is timed from the "
+                f"second on), got {bad}"
+            )
+        self.extra_points = [[int(x) for x in p] for p in self.extra_points]
+        for p in self.extra_points:
+            if len(p) != 3 or p[0] < 1 or p[1] < 1 or p[2] < 2:
+                raise ValueError(f"extra_points entries must be [batch_size >= 1, prompt_length >= 1, gen_length >= 2], got {p}")
+        if self.sweep not in SWEEPS:
+            raise ValueError(f"unknown sweep {self.sweep!r}; valid: {', '.join(SWEEPS)}")
+        unknown = [m for m in self.models if m not in MODELS]
+        if unknown or not self.models:
+            raise ValueError(f"models must be a non-empty subset of {', '.join(MODELS)}, got {self.models}")
+        self.models = [m for m in MODELS if m in self.models]
+        if int(self.repeats) < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        self.repeats = int(self.repeats)
+        if self.threads is not None:
+            if int(self.threads) < 1:
+                raise ValueError(f"threads must be >= 1 (or None for torch's default), got {self.threads}")
+            self.threads = int(self.threads)
+        self.linearize_config()  # validates the fields
+
+    def linearize_config(self) -> LinearizeConfig:
+        """The conversion used for a fresh student: random feature maps unless told otherwise."""
+        return LinearizeConfig.from_dict({"feature_init": "random", **self.linearize})
+
+    def points(self) -> list[tuple[int, int, int]]:
+        """The points to measure, in order, without duplicates."""
+        if self.sweep == "grid":
+            pts = [(b, l, g) for b in self.batch_sizes for l in self.prompt_lengths for g in self.gen_lengths]
+        else:
+            b0 = self.base_batch_size or self.batch_sizes[0]
+            l0 = self.base_prompt_length or self.prompt_lengths[0]
+            g0 = self.base_gen_length or self.gen_lengths[0]
+            pts = [(b, l0, g0) for b in self.batch_sizes]
+            pts += [(b0, l, g0) for l in self.prompt_lengths]
+            pts += [(b0, l0, g) for g in self.gen_lengths]
+        pts += [tuple(p) for p in self.extra_points]
+        return list(dict.fromkeys(pts))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BenchConfig:
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown BenchConfig fields: {', '.join(sorted(unknown))}")
+        return cls(**data)

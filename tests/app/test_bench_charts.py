@@ -1,0 +1,33 @@
+"""Figures of benchmark results (app.charts.benchmark_figures) from real tiny-model runs."""
+
+import math
+
+import pytest
+
+from app.charts import benchmark_figures
+from tests.core.bench.runs import OOM_ERRORS, OOM_PHASES, result_with_oom, small_result
+
+
+@pytest.fixture(scope="module")
+def result():
+    return small_result()
+
+
+def test_figures_build(result):
+    figs = benchmark_figures(result)
+    assert set(figs) == {"throughput_vs_batch", "throughput_vs_context", "memory_vs_batch", "memory_vs_context"}
+    for fig in figs.values():
+        traces = [t for t in fig.data if len(t.x)]
+        assert {t.name.split()[0] for t in traces} == {"teacher", "student"}
+        assert all(y > 0 and math.isfinite(y) for t in traces for y in t.y)
+        fig.to_json()
+    batch_traces = figs["throughput_vs_batch"].data
+    assert sorted(batch_traces[0].x) == [1, 3]
+
+
+@OOM_ERRORS
+@OOM_PHASES
+def test_figures_build_with_an_out_of_memory_point(monkeypatch, error, phase):
+    out, _, _ = result_with_oom(monkeypatch, error, phase)
+    figs = benchmark_figures(out)  # figures still build with an OOM point
+    assert "out of memory" in figs["throughput_vs_batch"].layout.title.text

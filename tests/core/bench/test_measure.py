@@ -1,0 +1,70 @@
+"""One point: teacher and student interleaved, out-of-memory points recorded, other errors raised."""
+
+import pytest
+import torch
+
+from core.bench import BenchConfig, convert_teacher, run_benchmark
+from core.io import is_oom
+from tests.core.bench.runs import OOM_ERRORS, OOM_PHASES, SMALL, result_with_oom
+from tests.tiny_models import tiny_model
+
+
+@OOM_ERRORS
+@OOM_PHASES
+def test_out_of_memory_point_is_recorded_and_sweep_continues(monkeypatch, error, phase):
+    out, progress, calls = result_with_oom(monkeypatch, error, phase)
+    status = {(p["model"], p["batch_size"], p["prompt_length"]): p["status"] for p in out["points"]}
+    assert status == {
+        ("teacher", 1, 16): "ok", ("student", 1, 16): "ok",
+        ("teacher", 3, 16): "ok", ("student", 3, 16): "oom",
+        ("teacher", 1, 40): "ok", ("student", 1, 40): "ok",
+    }
+    oom = next(p for p in out["points"] if p["status"] == "oom")
+    assert type(error).__name__ in oom["error"]
+    assert "prefill_tokens_per_second" not in oom
+    assert (1, 40) in calls  # the point after the failing one still ran
+    teacher_b3 = next(p for p in out["points"] if p["model"] == "teacher" and p["batch_size"] == 3)
+    assert len(teacher_b3["decode_step_times_s"]) == 2  # the teacher finished the point alone
+    assert len(out["comparisons"]) == 2  # only points where both models were measured
+    assert any("out of memory" in line for line in progress.logs)
+    assert sum(s[3] == {"oom": 1.0} for s in progress.steps) == 1
+
+
+def test_teacher_and_student_are_interleaved(monkeypatch):
+    teacher = tiny_model("llama")
+    config = BenchConfig(batch_sizes=[2], prompt_lengths=[12, 20], gen_lengths=[4], warmup=False, linearize={"window_size": 8})
+    student = convert_teacher(teacher, config)
+    calls = []
+    for name, model in (("teacher", teacher), ("student", student)):
+        def forward(*args, _name=name, _real=model.forward, **kwargs):
+            calls.append((_name, kwargs["input_ids"].shape[1]))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", forward)
+    run_benchmark(config, teacher=teacher, student=student)
+    first, second = calls[:8], calls[8:]
+    # point 1: teacher then student prefill, then decode steps alternating (the order flips every step)
+    assert first == [("teacher", 12), ("student", 12), ("student", 1), ("teacher", 1),
+                     ("teacher", 1), ("student", 1), ("student", 1), ("teacher", 1)]
+    # point 2 starts with the student
+    assert second[:2] == [("student", 20), ("teacher", 20)]
+
+
+def test_other_errors_are_not_swallowed(monkeypatch):
+    teacher = tiny_model("llama")
+    config = BenchConfig(**SMALL)
+
+    def forward(*args, **kwargs):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(teacher, "forward", forward)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_benchmark(config, teacher=teacher)
+
+
+def test_is_oom():
+    assert is_oom(torch.OutOfMemoryError("x"))
+    assert is_oom(RuntimeError("CUDA error: out of memory"))
+    assert is_oom(MemoryError())
+    assert not is_oom(RuntimeError("expected scalar type Float"))
+    assert not is_oom(ValueError("out of memory"))
