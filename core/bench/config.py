@@ -1,8 +1,8 @@
 """What a throughput benchmark measures: the models, the points of the sweep, the run settings.
 
-Points are ``(batch_size, prompt_length, gen_length)``. The conversion of a fresh student is read
-through :meth:`BenchConfig.linearize_config`, the one place this package names the attention
-config class.
+Points are ``(batch_size, prompt_length, gen_length)``. This module is the one place the package
+names the attention config class: :meth:`BenchConfig.linearize_config` builds it for a fresh
+student and :func:`attention_fields` turns a student's back into plain fields.
 """
 
 from __future__ import annotations
@@ -109,3 +109,8 @@ class BenchConfig:
         if unknown:
             raise ValueError(f"unknown BenchConfig fields: {', '.join(sorted(unknown))}")
         return cls(**data)
+
+
+def attention_fields(attention: LinearizeConfig) -> dict[str, Any]:
+    """A student's attention config as the plain fields a result records."""
+    return attention.to_dict()

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.bench.config import BenchConfig
+from core.bench.config import BenchConfig, attention_fields
 from core.bench.measure import Run, measure_point, random_input_ids, summarise
 from core.bench.memory import GIB, free_memory, peak_tracker, weight_bytes
 from core.bench.student import convert_teacher
@@ -163,7 +163,7 @@ def run_benchmark(
     if "student" in models:
         student_info = {
             "source": config.student_checkpoint or "fresh conversion, random feature maps",
-            "linearize": getattr(models["student"], "lolcats_config", config.linearize_config()).to_dict(),
+            "linearize": attention_fields(getattr(models["student"], "lolcats_config", config.linearize_config())),
         }
     return {
         "schema": SCHEMA,

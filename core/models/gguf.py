@@ -15,8 +15,9 @@ import re
 import shutil
 import struct
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from core.models.config_files import read_config_json
 from core.models.sources import (
@@ -42,10 +43,10 @@ GGUF_CONFIG_KEYS = {  # "<architecture>.<key>" in a GGUF header -> the config.js
     "rope.freq_base": "rope_theta",
     "vocab_size": "vocab_size",
 }
-_SCALAR_FORMATS = {  # GGUF value type number -> little-endian struct format
+_SCALAR_FORMATS = {  # gguf.GGUFValueType number -> little-endian struct format
     0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
 }
-_STRING, _ARRAY = 8, 9
+_STRING, _ARRAY = 8, 9  # gguf.GGUFValueType.STRING, .ARRAY
 
 
 def _gguf_fix(path: Path) -> str:
