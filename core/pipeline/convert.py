@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from core.attention.surgery import linearize
-from core.config import ConvertConfig
+from core.config import ConvertConfig, EvalSpec
 from core.data import DataConfig, load_blocks, load_rows
 from core.eval.metrics import passkey, per_layer_mse, perplexity, samples, teacher_context
 from core.io import atomic_write_json
@@ -112,9 +112,7 @@ def evaluate_run(model, tokenizer, config: ConvertConfig, eval_blocks, val, teac
     student_ppl = perplexity(model, eval_blocks, progress=progress, stage="student_eval")
     val_ppl = perplexity(model, val, e.ppl_blocks, progress=progress, stage="student_val")
     mse = per_layer_mse(model, eval_blocks, e.mse_blocks)
-    key_student = passkey(model, tokenizer, e, config.seed)
-    with teacher_context(model):
-        key_teacher = passkey(model, tokenizer, e, config.seed)
+    key = passkey_report(model, tokenizer, e, config.seed)
     prompts = _sample_prompts(config, e.samples)
     return {
         "teacher_ppl": teacher_ppl,
@@ -122,13 +120,21 @@ def evaluate_run(model, tokenizer, config: ConvertConfig, eval_blocks, val, teac
         "ppl_ratio": student_ppl / teacher_ppl,
         "val_ppl": val_ppl,
         "per_layer_mse": mse,
-        "passkey": {
-            "student": [r.__dict__ for r in key_student],
-            "teacher": [r.__dict__ for r in key_teacher],
-            "student_accuracy": sum(r.accuracy for r in key_student) / max(len(key_student), 1),
-            "teacher_accuracy": sum(r.accuracy for r in key_teacher) / max(len(key_teacher), 1),
-        },
+        "passkey": key,
         "samples": samples(model, tokenizer, prompts, e.max_new_tokens),
+    }
+
+
+def passkey_report(model: nn.Module, tokenizer, spec: EvalSpec, seed: int) -> dict:
+    """Passkey retrieval of student and teacher: per (length, depth) results and mean accuracies."""
+    key_student = passkey(model, tokenizer, spec, seed)
+    with teacher_context(model):
+        key_teacher = passkey(model, tokenizer, spec, seed)
+    return {
+        "student": [r.__dict__ for r in key_student],
+        "teacher": [r.__dict__ for r in key_teacher],
+        "student_accuracy": sum(r.accuracy for r in key_student) / max(len(key_student), 1),
+        "teacher_accuracy": sum(r.accuracy for r in key_teacher) / max(len(key_teacher), 1),
     }
 
 

@@ -47,9 +47,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from core.cli.common import WORKSPACE_HELP, exit_status, run_path
 from core.config import ConfigError, ConvertConfig, load_config
 from core.pipeline.prelude import save_stage_summary, stage_finished, start_run
-from core.progress import ProgressCallback, StopRequested
+from core.progress import ProgressCallback
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,12 +295,6 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
 # ---------------------------------------------------------------------------------------------
 
 
-def _output(output: str, workspace: str | None) -> Path:
-    from core.cli import run_path
-
-    return run_path(output, Path(workspace) if workspace else None, "run")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m core.pipeline.distributed",
@@ -307,20 +302,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stage", choices=["stage1", "stage2"])
     parser.add_argument("--config", type=Path, default=None, help="YAML run config (sections as for lolcats convert)")
     parser.add_argument("--preset", default=None, help="named preset (paper-8b, cpu-demo, tiny-test)")
-    parser.add_argument("--output", "-o", required=True, help="run folder (relative: under <workspace>/runs)")
-    parser.add_argument("--workspace", "-w", default=None, help="workspace (default: $LOLCATS_WORKSPACE or ./workspace)")
+    parser.add_argument("--output", "-o", required=True,
+                        help="run folder: an absolute path, or a name under <workspace>/runs")
+    parser.add_argument("--workspace", "-w", default=None, help=WORKSPACE_HELP)
     parser.add_argument("--result", type=Path, default=None, help="rank 0 also writes its result here as JSON")
     parser.add_argument("--strategy", choices=STRATEGIES, default=None,
                         help="stage 2 only: ddp replicates the model on every process, fsdp shards it "
                              "(default: fsdp when accelerate is configured for FSDP, else ddp)")
     args = parser.parse_args(argv)
-    from core.errors import USER_ERRORS
-
     try:
         if args.config is None and args.preset is None:
             raise ConfigError("give --config CONFIG.yaml or --preset NAME")
         config = load_config(args.config, args.preset)
-        output = _output(args.output, args.workspace)
+        output = run_path(args.output, args.workspace, "run")
         if args.stage == "stage1":
             if args.strategy is not None:
                 raise ConfigError("--strategy is for stage 2; stage 1 is block-wise: each process trains whole "
@@ -328,12 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             result = run_stage1(config, output, args.workspace)
         else:
             result = run_stage2(config, output, args.workspace, strategy=args.strategy)
-    except StopRequested as exc:
-        print(f"stopped: {exc}", file=sys.stderr)
-        return 3
-    except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except Exception as exc:
+        code = exit_status(exc)
+        if code is None:
+            raise
+        return code
     if args.result is not None and int(os.environ.get("RANK", "0")) == 0:
         args.result.write_text(json.dumps(result, indent=1, default=str))
     return 0
