@@ -45,7 +45,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from core.cli.common import WORKSPACE_HELP, exit_status, run_path
 from core.config import ConfigError, ConvertConfig, load_config
@@ -238,7 +237,7 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
     from core.attention.surgery import linearize
     from core.train.finetune_lora import train_stage2, wrap_for_stage2
     from core.train.loop import load_best
-    from core.train.parallel import DataParallel, ShardedDataParallel, SingleProcess, held_fraction
+    from core.train.parallel import ONE_PROCESS, DataParallel, ShardedDataParallel, held_fraction
 
     spec = config.stage2
     if not spec.enabled:
@@ -271,7 +270,7 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
             progress.on_log(f"stage2: already finished in {output}")
             return {"finished": True}
         if accelerator.num_processes == 1:
-            parallel, wrapped = SingleProcess(), model
+            parallel, wrapped = ONE_PROCESS, model
         else:
             parallel = (ShardedDataParallel if sharded else DataParallel)(accelerator)
             wrapped = parallel.prepare(model)  # FSDP shards in place: the same module

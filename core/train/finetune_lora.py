@@ -17,7 +17,7 @@ from core.attention.surgery import set_mode
 from core.train.lora import add_lora, base_model
 from core.progress import ProgressCallback
 from core.train.loop import Batch, LoopSpec, load_best, run_loop
-from core.train.parallel import Parallel, SingleProcess
+from core.train.parallel import ONE_PROCESS, Parallel
 
 
 def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -41,7 +41,7 @@ def wrap_for_stage2(model: nn.Module, spec: Stage2Spec) -> nn.Module:
 
 def train_stage2(
     model: nn.Module, spec: Stage2Spec, train: Batch, val: Batch, run_dir: Path, progress: ProgressCallback,
-    seed: int, config: dict, parallel: Parallel = SingleProcess(), forward_model: nn.Module | None = None,
+    seed: int, config: dict, parallel: Parallel = ONE_PROCESS, forward_model: nn.Module | None = None,
 ) -> dict:
     """LoRA fine-tuning of a model already wrapped by :func:`wrap_for_stage2`; loads the best adapters.
 

@@ -65,6 +65,9 @@ class SingleProcess:
         pass
 
 
+ONE_PROCESS = SingleProcess()  # stateless: one instance serves every single-process run
+
+
 class DataParallel:
     """:class:`Parallel` over an ``accelerate.Accelerator``'s processes, DDP.
 
@@ -141,4 +144,4 @@ def held_fraction(model: nn.Module) -> tuple[int, int]:
     return sum(local(p).numel() for p in params), sum(p.numel() for p in params)
 
 
-__all__ = ["Parallel", "SingleProcess", "DataParallel", "ShardedDataParallel", "held_fraction"]
+__all__ = ["Parallel", "SingleProcess", "ONE_PROCESS", "DataParallel", "ShardedDataParallel", "held_fraction"]
