@@ -7,7 +7,9 @@ from typing import Optional
 
 import typer
 
+from app.server import AppError
 from core.cli import register as register_core
+from core.cli.common import WorkspaceOpt, cli_errors
 from jobs.cli import register as register_jobs
 
 app = typer.Typer(
@@ -21,22 +23,17 @@ register_jobs(app)
 
 
 @app.command("app")
+@cli_errors(AppError)
 def serve_app(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (127.0.0.1: this machine only)."),
     port: int = typer.Option(8501, "--port", min=1, max=65535, help="Port of the web UI."),
-    workspace: Optional[Path] = typer.Option(None, "--workspace", "-w",
-                                             help="Workspace folder (default: $LOLCATS_WORKSPACE or ./workspace)."),
+    workspace: Optional[Path] = WorkspaceOpt,
     worker: bool = typer.Option(True, "--worker/--no-worker", help="Also start a job worker (default: yes)."),
 ) -> None:
     """Start the workbench: the web UI and a job worker, stopped together (Ctrl-C)."""
-    from app.server import AppError, serve
+    from app.server import serve
 
-    try:
-        code = serve(host, port, workspace, worker=worker, say=lambda m: typer.echo(m, err=True))
-    except AppError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(1)
-    raise typer.Exit(code)
+    raise typer.Exit(serve(host, port, workspace, worker=worker, say=lambda m: typer.echo(m, err=True)))
 
 
 def main() -> None:

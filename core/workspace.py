@@ -13,6 +13,10 @@ from pathlib import Path
 ENV_VAR = "LOLCATS_WORKSPACE"
 
 
+class WorkspaceError(ValueError):
+    """A path that would leave the workspace."""
+
+
 def workspace_root(explicit: str | os.PathLike | None = None) -> Path:
     """Resolve (and create) the workspace folder."""
     root = Path(explicit or os.environ.get(ENV_VAR) or "workspace").expanduser().resolve()
@@ -21,7 +25,7 @@ def workspace_root(explicit: str | os.PathLike | None = None) -> Path:
 
 
 def safe_child(root: Path, name: str | os.PathLike) -> Path:
-    """Return ``root / name`` if it stays inside ``root``; raise ValueError otherwise.
+    """Return ``root / name`` if it stays inside ``root``; raise :class:`WorkspaceError` otherwise.
 
     Rejects absolute paths and ``..`` components that would escape the workspace, so a run name
     or output path typed by a user can never write outside it.
@@ -29,7 +33,7 @@ def safe_child(root: Path, name: str | os.PathLike) -> Path:
     root = Path(root).resolve()
     candidate = (root / name).resolve()
     if candidate != root and root not in candidate.parents:
-        raise ValueError(
+        raise WorkspaceError(
             f"path {str(name)!r} escapes the workspace {str(root)!r}; use a name inside the workspace"
         )
     return candidate

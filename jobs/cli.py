@@ -18,7 +18,6 @@ under ``config:`` or at top level. User errors print one line (cause and fix) an
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from datetime import datetime, timezone
@@ -31,39 +30,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from core.cli.common import WorkspaceOpt, cli_errors
 from jobs import api
-from jobs.errors import ConfigError, JobsError, ResumeConfigMismatch
+from jobs.errors import ConfigError, JobsError
 from jobs.kinds import KINDS, PRESETS, get_preset
 
 console = Console()
-err_console = Console(stderr=True)
 
 jobs_app = typer.Typer(name="jobs", help="Submit, watch, cancel and resume jobs.", no_args_is_help=True,
                        add_completion=False)
 
-WorkspaceOpt = typer.Option(None, "--workspace", "-w", help="Workspace folder (default: $LOLCATS_WORKSPACE or ./workspace).")
 DbUrlOpt = typer.Option(None, "--db-url", envvar="LOLCATS_DB_URL", help="SQLAlchemy URL of the job database.")
 
-
-def _user_errors(fn):
-    """Turn JobsError into one red line and exit code 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except ResumeConfigMismatch as exc:
-            err_console.print(f"[red]error:[/red] job {exc.job_id} cannot resume with this config: it changes "
-                              "what was trained:", highlight=False)
-            for change in exc.changes:
-                err_console.print(f"  {change.field}: {change.old!r} -> {change.new!r}", highlight=False)
-            err_console.print("Resume with the original values, or submit a new job.", highlight=False)
-            raise typer.Exit(1)
-        except JobsError as exc:
-            err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1)
-
-    return wrapper
+_user_errors = cli_errors(JobsError)  # a JobsError (or a core user error) is one line and exit status 1
 
 
 def _local(dt: datetime | None) -> str:

@@ -45,10 +45,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
+from core.cli.common import WORKSPACE_HELP, exit_status, run_path
 from core.config import ConfigError, ConvertConfig, load_config
-from core.progress import ProgressCallback, StopRequested
+from core.pipeline.prelude import save_stage_summary, stage_finished, start_run
+from core.progress import ProgressCallback
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,7 +123,7 @@ def rank_device(device: str, local_rank: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Data-parallel hook for the training loop (stage 2)
+# Stage 2 strategy
 # ---------------------------------------------------------------------------------------------
 
 
@@ -147,84 +148,6 @@ def stage2_strategy(requested: str | None, distributed_type) -> str:
             "--strategy fsdp to shard the model"
         )
     return requested or "ddp"
-
-
-class DataParallel:
-    """:class:`core.train.loop.Parallel` over an ``accelerate.Accelerator``'s processes, DDP.
-
-    ``prepare(model)`` wraps the model; the training loop calls ``backward(loss, sync)`` per
-    micro-batch, with gradient sync only on a process's last one."""
-
-    def __init__(self, accelerator):
-        self.accelerator = accelerator
-        self.rank, self.world_size = accelerator.process_index, accelerator.num_processes
-        self.wrapped: nn.Module | None = None
-
-    def prepare(self, model: nn.Module) -> nn.Module:
-        self.wrapped = self.accelerator.prepare_model(model)
-        return self.wrapped
-
-    def backward(self, loss: torch.Tensor, sync: bool) -> None:
-        if sync or self.wrapped is None:
-            self.accelerator.backward(loss)
-        else:
-            with self.accelerator.no_sync(self.wrapped):
-                self.accelerator.backward(loss)
-
-    def all_sum(self, values: dict[str, float]) -> dict[str, float]:
-        if self.world_size == 1 or not values:
-            return dict(values)
-        keys = list(values)
-        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.accelerator.device)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return {k: float(v) for k, v in zip(keys, t.tolist(), strict=True)}
-
-    def main_decides(self, flag: bool) -> bool:
-        if self.world_size == 1:
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0], device=self.accelerator.device)
-        dist.broadcast(t, src=0)
-        return bool(t.item())
-
-    def barrier(self) -> None:
-        self.accelerator.wait_for_everyone()
-
-
-class ShardedDataParallel(DataParallel):
-    """FSDP: parameters sharded across the processes with torch's ``fully_shard`` (FSDP2).
-
-    Each decoder layer is one sharding unit (gathered for its forward and backward, then freed);
-    the root unit holds embeddings, final norm and head. Frozen and LoRA parameters shard alike;
-    gradients exist only for the LoRA ones and are reduce-scattered (averaged) across processes
-    on a process's last micro-batch of a step. Parameters become ``DTensor`` shards; checkpoints
-    gather them whole (:mod:`core.train.checkpoint`)."""
-
-    def prepare(self, model: nn.Module) -> nn.Module:
-        """Shard ``model`` in place onto this process's device; returns it."""
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        from core.train.lora import base_model
-        from core.attention.surgery import decoder_layers
-
-        mesh = init_device_mesh(self.accelerator.device.type, (self.world_size,))
-        for layer in decoder_layers(base_model(model)):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        self.wrapped = model
-        return model
-
-    def backward(self, loss: torch.Tensor, sync: bool) -> None:
-        self.wrapped.set_requires_gradient_sync(sync)
-        loss.backward()
-
-
-def held_fraction(model: nn.Module) -> tuple[int, int]:
-    """(parameter elements this process holds, parameter elements of the whole model)."""
-    from core.train.checkpoint import local
-
-    params = list(model.parameters())
-    return sum(local(p).numel() for p in params), sum(p.numel() for p in params)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,44 +178,13 @@ class RankProgress:
 # ---------------------------------------------------------------------------------------------
 
 
-def _prepare(config: ConvertConfig, output: Path, workspace, device: str, group_main: bool, barrier):
-    """Run folder (rank 0), then model and data on every process, rank 0 first: it fills the
-    workspace's model cache, so the others only read it."""
-    from core.pipeline.convert import build_student, data_config, prepare_run_dir, seed_everything
-    from core.data import load_data
-    from core.models import check_seq_len
-
-    if group_main:
-        prepare_run_dir(config, output, resume=True)
-    barrier()
-
-    def load():
-        seed_everything(config.seed)
-        student = config.model_copy(update={"model": config.model.model_copy(update={"device": device})})
-        model, tokenizer = build_student(student, workspace)
-        check_seq_len(model, config.data.seq_len)
-        splits = load_data(data_config(config), tokenizer)
-        train, val = splits.train.as_dict(), splits.validation.as_dict()
-        if len(splits.validation) == 0:
-            val = {k: v[:1] for k, v in train.items()}
-        return model, train, val
-
-    if group_main:
-        loaded = load()
-    barrier()
-    if not group_main:
-        loaded = load()
-    return loaded
-
-
 def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str | os.PathLike | None = None,
                progress: ProgressCallback | None = None) -> dict:
     """This process's share of block-wise attention transfer; rank 0 gathers ``stage1/best``.
 
     Returns ``{"blocks": {...}, "ranks": {rank: [block, ...]}}`` on rank 0 (its own share elsewhere)."""
-    from core.pipeline.convert import _finished
-    from core.train.distill_attention import gather_blocks, train_stage1_blockwise, trainable_blocks
     from core.attention.surgery import linearize
+    from core.train.distill_attention import gather_blocks, train_stage1_blockwise, trainable_blocks
 
     spec = config.stage1
     if not spec.enabled:
@@ -305,11 +197,12 @@ def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str 
     progress = progress or RankProgress(group.rank)
     dumped = config.model_dump()
     try:
-        model, train, val = _prepare(config, output, workspace, group.device, group.main, group.barrier)
-        linearize(model, config.attention.linearize_config())
+        run = start_run(config, output, resume=True, workspace=workspace, device=group.device, progress=progress,
+                        main=group.main, barrier=group.barrier)
+        model, train, val = linearize(run.model, config.attention.linearize_config()), run.train, run.val
         blocks = sorted(trainable_blocks(model, spec.layers_per_block))
         shares = {r: blocks[r :: group.world_size] for r in range(group.world_size)}
-        if _finished(output, "stage1", spec.steps):
+        if stage_finished(output, "stage1", spec.steps):
             progress.on_log(f"stage1: already finished in {output}")
             return {"blocks": {}, "ranks": shares, "finished": True}
         mine = shares[group.rank]
@@ -323,6 +216,7 @@ def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str 
         if group.main:
             gather_blocks(model, output, spec.steps, dumped)
             result = {"blocks": {name: r for part in everyone for name, r in part.items()}, "ranks": shares}
+            save_stage_summary(output, "stage1", {"blocks": result["blocks"]})
             progress.on_log(f"stage1: {len(result['blocks'])} blocks from {group.world_size} process(es) gathered "
                             f"into {output / 'stage1' / 'best'}")
         group.barrier()  # nobody leaves before stage1/best exists
@@ -340,10 +234,10 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
     replicated (``strategy="ddp"``) or sharded (``"fsdp"``); ``None`` picks from accelerate's config."""
     from accelerate import Accelerator
 
-    from core.pipeline.convert import _finished
+    from core.attention.surgery import linearize
     from core.train.finetune_lora import train_stage2, wrap_for_stage2
     from core.train.loop import load_best
-    from core.attention.surgery import linearize
+    from core.train.parallel import ONE_PROCESS, DataParallel, ShardedDataParallel, held_fraction
 
     spec = config.stage2
     if not spec.enabled:
@@ -362,29 +256,34 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
     main = accelerator.is_main_process
     try:
         load_on = "cpu" if sharded else str(accelerator.device)  # sharding moves each shard to the device
-        model, train, val = _prepare(config, output, workspace, load_on, main, accelerator.wait_for_everyone)
-        linearize(model, config.attention.linearize_config())
+        run = start_run(config, output, resume=True, workspace=workspace, device=load_on, progress=progress, main=main,
+                        barrier=accelerator.wait_for_everyone)
+        model, train, val = linearize(run.model, config.attention.linearize_config()), run.train, run.val
         if config.stage1.enabled:
-            if not _finished(output, "stage1", config.stage1.steps):
+            if not stage_finished(output, "stage1", config.stage1.steps):
                 raise ConfigError(f"stage 1 is not finished in {output}; run `python -m core.pipeline.distributed stage1` (or "
                                   "`lolcats convert`) on this run folder first")
             load_best(model, output, "stage1")
         torch.manual_seed(config.seed)  # the same LoRA initialisation on every process
         model = wrap_for_stage2(model, spec)
-        if _finished(output, "stage2", spec.steps):
+        if stage_finished(output, "stage2", spec.steps):
             progress.on_log(f"stage2: already finished in {output}")
             return {"finished": True}
         if accelerator.num_processes == 1:
-            return train_stage2(model, spec, train, val, output, progress, config.seed, config.model_dump())
-        parallel = (ShardedDataParallel if sharded else DataParallel)(accelerator)
-        wrapped = parallel.prepare(model)
-        held, total = held_fraction(wrapped)
-        progress.on_log(f"stage2: {'sharded (FSDP)' if sharded else 'data-parallel (DDP)'} over "
-                        f"{parallel.world_size} processes on {accelerator.device.type}, "
-                        f"{spec.grad_accum // parallel.world_size} micro-batches per process and step; this process "
-                        f"holds {held:,} of {total:,} parameter elements")
-        return train_stage2(model, spec, train, val, output, progress, config.seed, config.model_dump(),
-                            parallel=parallel, forward_model=wrapped)  # FSDP shards in place: the same module
+            parallel, wrapped = ONE_PROCESS, model
+        else:
+            parallel = (ShardedDataParallel if sharded else DataParallel)(accelerator)
+            wrapped = parallel.prepare(model)  # FSDP shards in place: the same module
+            held, total = held_fraction(wrapped)
+            progress.on_log(f"stage2: {'sharded (FSDP)' if sharded else 'data-parallel (DDP)'} over "
+                            f"{parallel.world_size} processes on {accelerator.device.type}, "
+                            f"{spec.grad_accum // parallel.world_size} micro-batches per process and step; this "
+                            f"process holds {held:,} of {total:,} parameter elements")
+        summary = train_stage2(model, spec, train, val, output, progress, config.seed, config.model_dump(),
+                               parallel=parallel, forward_model=wrapped)
+        if main:
+            save_stage_summary(output, "stage2", summary)
+        return summary
     finally:
         if dist.is_initialized():  # no collective here: after an error the launcher stops the other processes
             dist.destroy_process_group()
@@ -395,12 +294,6 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
 # ---------------------------------------------------------------------------------------------
 
 
-def _output(output: str, workspace: str | None) -> Path:
-    from core.cli import run_path
-
-    return run_path(output, Path(workspace) if workspace else None, "run")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m core.pipeline.distributed",
@@ -408,20 +301,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stage", choices=["stage1", "stage2"])
     parser.add_argument("--config", type=Path, default=None, help="YAML run config (sections as for lolcats convert)")
     parser.add_argument("--preset", default=None, help="named preset (paper-8b, cpu-demo, tiny-test)")
-    parser.add_argument("--output", "-o", required=True, help="run folder (relative: under <workspace>/runs)")
-    parser.add_argument("--workspace", "-w", default=None, help="workspace (default: $LOLCATS_WORKSPACE or ./workspace)")
+    parser.add_argument("--output", "-o", required=True,
+                        help="run folder: an absolute path, or a name under <workspace>/runs")
+    parser.add_argument("--workspace", "-w", default=None, help=WORKSPACE_HELP)
     parser.add_argument("--result", type=Path, default=None, help="rank 0 also writes its result here as JSON")
     parser.add_argument("--strategy", choices=STRATEGIES, default=None,
                         help="stage 2 only: ddp replicates the model on every process, fsdp shards it "
                              "(default: fsdp when accelerate is configured for FSDP, else ddp)")
     args = parser.parse_args(argv)
-    from core.errors import USER_ERRORS
-
     try:
         if args.config is None and args.preset is None:
             raise ConfigError("give --config CONFIG.yaml or --preset NAME")
         config = load_config(args.config, args.preset)
-        output = _output(args.output, args.workspace)
+        output = run_path(args.output, args.workspace, "run")
         if args.stage == "stage1":
             if args.strategy is not None:
                 raise ConfigError("--strategy is for stage 2; stage 1 is block-wise: each process trains whole "
@@ -429,12 +321,11 @@ def main(argv: list[str] | None = None) -> int:
             result = run_stage1(config, output, args.workspace)
         else:
             result = run_stage2(config, output, args.workspace, strategy=args.strategy)
-    except StopRequested as exc:
-        print(f"stopped: {exc}", file=sys.stderr)
-        return 3
-    except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except Exception as exc:
+        code = exit_status(exc)
+        if code is None:
+            raise
+        return code
     if args.result is not None and int(os.environ.get("RANK", "0")) == 0:
         args.result.write_text(json.dumps(result, indent=1, default=str))
     return 0

@@ -21,6 +21,7 @@ from core.config import ConvertConfig
 from core.attention.surgery import LinearizeConfig, linearize
 from core.train.lora import merge_lora
 from core.models import load_model, resolve_device
+from core.pipeline.prelude import load_teacher
 from core.train.finetune_lora import wrap_for_stage2
 from core.train.loop import load_best
 
@@ -38,8 +39,7 @@ def load_converted(path: str | os.PathLike, device: str = "auto", workspace=None
     if not (path / "config.json").is_file() or not (path / "stage1").exists() and not (path / "stage2").exists():
         raise CheckpointError(f"{path} is not a converted run folder (config.json and stage checkpoints expected)")
     config = ConvertConfig.model_validate(json.loads((path / "config.json").read_text()))
-    model, tokenizer = load_model(config.model.source, dtype=config.model.dtype, device=device, workspace=workspace,
-                                  trust_remote_code=config.model.trust_remote_code)
+    model, tokenizer = load_teacher(config, workspace, device)
     linearize(model, config.attention.linearize_config())
     if (path / "stage1" / "best").exists():
         load_best(model, path, "stage1")

@@ -27,6 +27,7 @@ from core.config import Stage1Spec
 from core.attention.surgery import lolcats_modules, set_mode
 from core.progress import ProgressCallback
 from core.train.loop import Batch, LoopSpec, load_best, run_loop
+from core.train.parallel import ONE_PROCESS
 
 
 def freeze_for_stage1(model: nn.Module, layers: range | None = None) -> None:
@@ -145,7 +146,7 @@ def _train(model, spec: Stage1Spec, train: Batch, val: Batch, run_dir: Path, pro
         grad_accum=spec.grad_accum, eval_every=spec.eval_every, seed=seed, plateau_patience=spec.plateau_patience,
         plateau_factor=spec.plateau_factor, min_lr=spec.min_lr,
     )
-    result = run_loop(loop, model, train, loss_fn, eval_fn, run_dir, progress, config)
+    result = run_loop(loop, model, train, loss_fn, eval_fn, run_dir, progress, config, ONE_PROCESS)
     load_best(model, run_dir, stage)
     return result
 

@@ -16,7 +16,8 @@ from core.config import Stage2Spec
 from core.attention.surgery import set_mode
 from core.train.lora import add_lora, base_model
 from core.progress import ProgressCallback
-from core.train.loop import Batch, LoopSpec, Parallel, load_best, run_loop
+from core.train.loop import Batch, LoopSpec, load_best, run_loop
+from core.train.parallel import ONE_PROCESS, Parallel
 
 
 def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -40,12 +41,12 @@ def wrap_for_stage2(model: nn.Module, spec: Stage2Spec) -> nn.Module:
 
 def train_stage2(
     model: nn.Module, spec: Stage2Spec, train: Batch, val: Batch, run_dir: Path, progress: ProgressCallback,
-    seed: int, config: dict, parallel: Parallel | None = None, forward_model: nn.Module | None = None,
+    seed: int, config: dict, parallel: Parallel = ONE_PROCESS, forward_model: nn.Module | None = None,
 ) -> dict:
     """LoRA fine-tuning of a model already wrapped by :func:`wrap_for_stage2`; loads the best adapters.
 
-    Data-parallel (see :mod:`core.pipeline.distributed`): ``parallel`` is this process's part and
-    ``forward_model`` the model wrapped for it (e.g. DDP); ``model`` stays the unwrapped one."""
+    ``parallel`` is this process's part (:mod:`core.train.parallel`) and ``forward_model`` the model
+    it wrapped (DDP; None: ``model`` itself); ``model`` stays the unwrapped one."""
     forward = forward_model if forward_model is not None else model
 
     def loss_fn(batch):

@@ -7,7 +7,7 @@ checkpoints ``<run>/<stage>/last`` (resume point, with optimizer state) and ``<r
 same batches, and with the restored optimizer and RNG state gives the same losses, as one that
 never stopped.
 
-Data-parallel training (``parallel``, see :class:`Parallel` and :mod:`core.pipeline.distributed`): every
+Every run goes through a :class:`core.train.parallel.Parallel` (one process, DDP or FSDP): every
 process runs the same loop on the same parameters; process ``r`` of ``N`` takes micro-batches
 ``r, r + N, ...`` of each accumulation group, gradients are averaged across processes before the
 optimizer step (so the step equals the single-process step with the same global batch), stop
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 from torch import nn
@@ -29,6 +29,7 @@ from core.train.checkpoint import (load_checkpoint, load_optimizer_state, load_t
                              restore_rng, save_checkpoint, trainable_state)
 from core.io import is_oom
 from core.progress import ProgressCallback, StopRequested
+from core.train.parallel import Parallel
 
 Batch = dict[str, torch.Tensor]
 
@@ -54,29 +55,6 @@ class LoopSpec:
     plateau_patience: int = 10
     plateau_factor: float = 0.1
     min_lr: float = 0.0
-
-
-class Parallel(Protocol):
-    """One process's part in data-parallel training (:class:`core.pipeline.distributed.DataParallel` for DDP and
-    :class:`core.pipeline.distributed.ShardedDataParallel` for FSDP)."""
-
-    rank: int
-    world_size: int
-
-    def backward(self, loss: torch.Tensor, sync: bool) -> None:
-        """Backward of ``loss``; ``sync=False`` keeps the gradients local (more micro-batches follow),
-        ``sync=True`` averages the accumulated gradients across processes."""
-        ...
-
-    def all_sum(self, values: dict[str, float]) -> dict[str, float]:
-        """Each value summed over all processes."""
-        ...
-
-    def main_decides(self, flag: bool) -> bool:
-        """Rank 0's ``flag``, on every process."""
-        ...
-
-    def barrier(self) -> None: ...
 
 
 def batch_at(blocks: Batch, index: int, batch_size: int, seed: int) -> Batch:
@@ -107,12 +85,12 @@ def run_loop(
     run_dir: Path,
     progress: ProgressCallback,
     config: dict,
-    parallel: Parallel | None = None,
+    parallel: Parallel,
 ) -> dict:
     """Train the model's trainable parameters; returns {"best_val_loss", "steps", "resumed_from"}.
 
-    With ``parallel``, ``model`` is the unwrapped model (its parameters, checkpoint names) and
-    ``loss_fn`` runs the wrapped one; ``spec.grad_accum`` must be a multiple of the process count."""
+    ``model`` is the unwrapped model (its parameters, checkpoint names); ``loss_fn`` runs the one
+    ``parallel`` wrapped; ``spec.grad_accum`` must be a multiple of ``parallel.world_size``."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError(f"{spec.stage}: the model has no trainable parameters")
@@ -122,13 +100,13 @@ def run_loop(
         opt, factor=spec.plateau_factor, patience=spec.plateau_patience, min_lr=spec.min_lr
     )
     last_dir, best_dir = run_dir / spec.stage / "last", run_dir / spec.stage / "best"
-    main = parallel is None or parallel.rank == 0  # the process that reports progress and writes checkpoints
-    if parallel is not None and spec.grad_accum % parallel.world_size:
+    main = parallel.rank == 0  # the process that reports progress and writes checkpoints
+    if spec.grad_accum % parallel.world_size:
         raise ValueError(
             f"{spec.stage}: grad_accum ({spec.grad_accum}) must be a multiple of the number of processes "
             f"({parallel.world_size}): each process takes grad_accum / processes micro-batches of every step"
         )
-    mine = range(spec.grad_accum) if parallel is None else range(parallel.rank, spec.grad_accum, parallel.world_size)
+    mine = range(parallel.rank, spec.grad_accum, parallel.world_size)
     start, best_val = 0, math.inf
     if last_dir.exists():
         tensors, state = load_checkpoint(last_dir)
@@ -149,10 +127,7 @@ def run_loop(
     step = start
     try:
         for step in range(start + 1, spec.steps + 1):
-            stop = progress.should_stop() if main else False
-            if parallel is not None:
-                stop = parallel.main_decides(stop)
-            if stop:
+            if parallel.main_decides(progress.should_stop() if main else False):
                 save(step - 1)
                 progress.on_log(f"{spec.stage}: stopped after step {step - 1}; checkpoint in {last_dir}")
                 raise StopRequested(f"{spec.stage} stopped after step {step - 1}")
@@ -163,20 +138,15 @@ def run_loop(
                 batch = batch_at(blocks, (step - 1) * spec.grad_accum + m, spec.batch_size, spec.seed)
                 batch = {k: v.to(device) for k, v in batch.items()}
                 loss, metrics = loss_fn(batch)
-                if parallel is None:
-                    if not torch.isfinite(loss):
-                        raise NonFiniteLossError(_non_finite(spec.stage, loss.item(), step, last_dir))
-                    (loss / spec.grad_accum).backward()
-                else:  # the gradient average over processes brings back the 1 / grad_accum scale
-                    parallel.backward(loss * (parallel.world_size / spec.grad_accum), sync=j == len(mine) - 1)
+                # the gradient average over processes turns world_size / grad_accum into 1 / grad_accum
+                parallel.backward(loss * parallel.world_size / spec.grad_accum, sync=j == len(mine) - 1)
                 for k, v in {"loss": loss.item(), **metrics}.items():
                     totals[k] = totals.get(k, 0.0) + v / spec.grad_accum
             grads_finite = all(torch.isfinite(local(p.grad)).all() for p in params if p.grad is not None)
-            if parallel is not None:  # every process must take the same decision
-                totals = parallel.all_sum(totals)
-                if not math.isfinite(totals["loss"]):
-                    raise NonFiniteLossError(_non_finite(spec.stage, totals["loss"], step, last_dir))
-                grads_finite = parallel.all_sum({"bad": float(not grads_finite)})["bad"] == 0
+            totals = parallel.all_sum(totals)  # every process must take the same decisions
+            if not math.isfinite(totals["loss"]):
+                raise NonFiniteLossError(_non_finite(spec.stage, totals["loss"], step, last_dir))
+            grads_finite = parallel.all_sum({"bad": float(not grads_finite)})["bad"] == 0
             if not grads_finite:
                 raise NonFiniteLossError(f"{spec.stage}: non-finite gradients at step {step}; lower the learning rate")
             opt.step()
@@ -186,10 +156,10 @@ def run_loop(
             if step % spec.eval_every == 0 or step == spec.steps:
                 model.eval()
                 val, val_metrics, layer_metrics = eval_fn()
-                if parallel is not None:  # the same number on every process, so the schedules agree
-                    mean = parallel.all_sum({"val_loss": val, **val_metrics})
-                    val = mean.pop("val_loss") / parallel.world_size
-                    val_metrics = {k: v / parallel.world_size for k, v in mean.items()}
+                # the mean over processes: the same number everywhere, so the schedules agree
+                mean = parallel.all_sum({"val_loss": val, **val_metrics})
+                val = mean.pop("val_loss") / parallel.world_size
+                val_metrics = {k: v / parallel.world_size for k, v in mean.items()}
                 sched.step(val)
                 if main:
                     progress.on_step(spec.stage, step, spec.steps, {"val_loss": val, **val_metrics}, layer_metrics)
@@ -206,8 +176,7 @@ def run_loop(
         raise
     except MemoryError as e:
         raise OutOfMemory(oom_message(spec.stage, step, spec)) from e
-    if parallel is not None:
-        parallel.barrier()  # rank 0's last checkpoints are written before anyone reads them
+    parallel.barrier()  # rank 0's last checkpoints are written before anyone reads them
     model.eval()
     return {"best_val_loss": best_val, "steps": spec.steps, "resumed_from": start}
 

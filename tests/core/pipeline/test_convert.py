@@ -87,6 +87,20 @@ def test_stopped_run_resumes_to_the_end(workspace):
     assert any("resuming after step" in line for line in progress.logs)
 
 
+def test_resuming_a_finished_run_keeps_the_training_summaries(finished_run, workspace):
+    import shutil
+
+    out, report, _ = finished_run
+    again = workspace / "runs" / "finished-again"
+    shutil.copytree(out, again)
+    progress = RecordingProgress()
+    resumed = run_convert(preset("tiny-test"), again, progress, resume=True, workspace=workspace)
+    assert not [s for s in progress.steps if s[0] in ("stage1", "stage2")]  # nothing left to train
+    assert set(resumed["training"]) == {"stage1", "stage2"}
+    assert resumed["training"] == report["training"]  # best val loss, steps, resumed_from of the first run
+    assert json.loads((again / "report.json").read_text())["training"] == report["training"]
+
+
 def test_checkpoint_for_a_different_attention_config_is_named(finished_run, workspace):
     out, _, _ = finished_run
     cfg = json.loads((out / "config.json").read_text())

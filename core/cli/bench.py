@@ -1,0 +1,37 @@
+"""``lolcats bench``: throughput and peak memory, teacher against student."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from core.cli.common import RichProgress, WorkspaceOpt, cli_errors, console
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+@cli_errors()
+def bench(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help="Model source."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Converted run to measure instead of a fresh conversion."),
+    batch_sizes: str = typer.Option("1,2,4,8", help="Comma-separated batch sizes."),
+    prompt_lengths: str = typer.Option("512,1024,2048,4096", help="Comma-separated prompt lengths."),
+    gen_lengths: str = typer.Option("8", help="Comma-separated generation lengths."),
+    threads: Optional[int] = typer.Option(None, help="torch threads during the sweep."),
+    output: Path = typer.Option(Path("bench.json"), "--output", "-o", help="JSON result file."),
+    workspace: Optional[Path] = WorkspaceOpt,
+) -> None:
+    """Throughput (tokens/s) and peak memory, teacher vs student, prefill and decode."""
+    from core.bench import BenchConfig, run_benchmark, write_result
+
+    cfg = BenchConfig(model=model, student_checkpoint=str(checkpoint) if checkpoint else None,
+                      batch_sizes=_ints(batch_sizes), prompt_lengths=_ints(prompt_lengths),
+                      gen_lengths=_ints(gen_lengths), threads=threads,
+                      workspace=str(workspace) if workspace else None)
+    with RichProgress() as progress:
+        result = run_benchmark(cfg, progress)
+    console.print(f"written: {write_result(result, output)}")

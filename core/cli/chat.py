@@ -1,0 +1,40 @@
+"""``lolcats chat``: the same prompt to teacher and student, in the terminal."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from core.cli.common import WorkspaceOpt, cli_errors, console
+
+
+@cli_errors()
+def chat(
+    run: Path = typer.Argument(..., help="Run folder or exported folder."),
+    max_new_tokens: int = typer.Option(128, help="Tokens to generate per answer."),
+    workspace: Optional[Path] = WorkspaceOpt,
+) -> None:
+    """Terminal chat: each prompt goes to the teacher and to the student."""
+    from contextlib import nullcontext
+
+    from core.eval.metrics import chat_prompt, generate_text, teacher_context
+    from core.pipeline.runs import load_converted
+
+    model, tokenizer, _ = load_converted(run, workspace=workspace)
+    console.print("Type a message (empty line or Ctrl-D to quit).")
+    while True:
+        try:
+            message = console.input("[bold]you> [/bold]").strip()
+        except EOFError:
+            break
+        if not message:
+            break
+        prompt = chat_prompt(tokenizer, message)
+        for name, context in (("teacher", teacher_context(model)), ("student", nullcontext())):
+            t0 = time.perf_counter()
+            with context:
+                answer = generate_text(model, tokenizer, prompt, max_new_tokens)
+            console.print(f"[cyan]{name}[/cyan] ({time.perf_counter() - t0:.1f}s): {answer}", highlight=False)

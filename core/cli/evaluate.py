@@ -1,0 +1,65 @@
+"""``lolcats eval``: held-out perplexity, per-layer attention MSE and passkey retrieval of a converted model.
+
+Prints a short summary (teacher and student perplexity, their ratio, passkey accuracy) and
+writes the whole report, per-layer values included, as JSON (default ``<run>/eval.json``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from core.cli.common import RichProgress, WorkspaceOpt, cli_errors, console
+
+EVAL_FILE = "eval.json"
+
+
+def summary_table(report: dict) -> Table:
+    """Teacher and student perplexity, their ratio and passkey accuracy (``-``: not measured)."""
+    key = report["passkey"]
+    table = Table(show_header=True)
+    for column in ("", "teacher", "student"):
+        table.add_column(column, justify="right" if column else "left")
+    table.add_row("held-out perplexity", f"{report['teacher_ppl']:.3f}", f"{report['student_ppl']:.3f}")
+    table.add_row("ppl ratio (student / teacher)", "", f"{report['ppl_ratio']:.3f}")
+    table.add_row("passkey accuracy", *(f"{key[f'{m}_accuracy']:.0%}" if key else "-" for m in ("teacher", "student")))
+    return table
+
+
+@cli_errors()
+def evaluate(
+    run: Path = typer.Argument(..., help="Run folder or exported folder."),
+    blocks: int = typer.Option(8, help="Held-out blocks for perplexity."),
+    seq_len: int = typer.Option(256, help="Block length for perplexity."),
+    passkey_trials: Optional[int] = typer.Option(None, min=0, help="Passkey trials per length and depth (default: "
+                                                 "the run's eval settings; 0 skips the passkey test)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help=f"JSON report (default: RUN/{EVAL_FILE})."),
+    workspace: Optional[Path] = WorkspaceOpt,
+) -> None:
+    """Held-out perplexity of teacher and student, per-layer attention MSE and passkey retrieval."""
+    from core.config import build_config
+    from core.eval.metrics import per_layer_mse, perplexity, teacher_context
+    from core.io import atomic_write_json
+    from core.pipeline.convert import eval_text_blocks, passkey_report
+    from core.pipeline.runs import load_converted
+
+    model, tokenizer, info = load_converted(run, workspace=workspace)
+    run_config = info.get("config", {})  # a run folder's own settings; an export has none
+    overrides = {} if passkey_trials is None else {"passkey_trials": passkey_trials}
+    cfg = build_config({"seed": run_config.get("seed", 0), "data": {"seq_len": seq_len},
+                        "eval": {**run_config.get("eval", {}), "ppl_blocks": blocks, **overrides}})
+    eval_blocks = eval_text_blocks(cfg, tokenizer)
+    with RichProgress() as progress:
+        student = perplexity(model, eval_blocks, progress=progress, stage="student")
+        with teacher_context(model):
+            teacher = perplexity(model, eval_blocks, progress=progress, stage="teacher")
+        mse = per_layer_mse(model, eval_blocks, min(blocks, 2))
+        key = passkey_report(model, tokenizer, cfg.eval, cfg.seed) if cfg.eval.passkey_trials else None
+    report = {"teacher_ppl": teacher, "student_ppl": student, "ppl_ratio": student / teacher, "per_layer_mse": mse,
+              "passkey": key, "eval": cfg.eval.model_dump(exclude={"samples", "max_new_tokens"}), "seq_len": seq_len}
+    path = atomic_write_json(output or run / EVAL_FILE, report)
+    console.print(summary_table(report))
+    console.print(f"report: {path}")
