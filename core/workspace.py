@@ -20,8 +20,12 @@ def workspace_root(explicit: str | os.PathLike | None = None) -> Path:
     return root
 
 
+class PathEscapeError(ValueError):
+    """A path typed by a user resolves outside the workspace."""
+
+
 def safe_child(root: Path, name: str | os.PathLike) -> Path:
-    """Return ``root / name`` if it stays inside ``root``; raise ValueError otherwise.
+    """Return ``root / name`` if it stays inside ``root``; raise :class:`PathEscapeError` otherwise.
 
     Rejects absolute paths and ``..`` components that would escape the workspace, so a run name
     or output path typed by a user can never write outside it.
@@ -29,7 +33,7 @@ def safe_child(root: Path, name: str | os.PathLike) -> Path:
     root = Path(root).resolve()
     candidate = (root / name).resolve()
     if candidate != root and root not in candidate.parents:
-        raise ValueError(
+        raise PathEscapeError(
             f"path {str(name)!r} escapes the workspace {str(root)!r}; use a name inside the workspace"
         )
     return candidate

@@ -48,7 +48,7 @@ def prepare_run_dir(config: ConvertConfig, output: Path, resume: bool) -> None:
         old = json.loads(stored.read_text())
         diff = config_diff(old, config.model_dump())
         if diff:
-            raise ConfigError("cannot resume: the config changed what was trained:\n  " + "\n  ".join(diff))
+            raise ConfigError("cannot resume: the config changed what was trained:\n  " + "\n  ".join(map(str, diff)))
     else:
         output.mkdir(parents=True, exist_ok=True)
         atomic_write_json(stored, config.model_dump())
@@ -118,7 +118,7 @@ def run_convert(
         timings["teacher_eval_s"] = time.perf_counter() - t
     progress.on_log(f"teacher held-out perplexity {teacher_ppl:.3f}")
 
-    linearize(model, config.attention.linearize_config())
+    linearize(model, config.attention)
     result: dict = {}
     if config.stage1.enabled:
         t = time.perf_counter()

@@ -306,7 +306,7 @@ def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str 
     dumped = config.model_dump()
     try:
         model, train, val = _prepare(config, output, workspace, group.device, group.main, group.barrier)
-        linearize(model, config.attention.linearize_config())
+        linearize(model, config.attention)
         blocks = sorted(trainable_blocks(model, spec.layers_per_block))
         shares = {r: blocks[r :: group.world_size] for r in range(group.world_size)}
         if _finished(output, "stage1", spec.steps):
@@ -363,7 +363,7 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
     try:
         load_on = "cpu" if sharded else str(accelerator.device)  # sharding moves each shard to the device
         model, train, val = _prepare(config, output, workspace, load_on, main, accelerator.wait_for_everyone)
-        linearize(model, config.attention.linearize_config())
+        linearize(model, config.attention)
         if config.stage1.enabled:
             if not _finished(output, "stage1", config.stage1.steps):
                 raise ConfigError(f"stage 1 is not finished in {output}; run `python -m core.pipeline.distributed stage1` (or "
