@@ -17,7 +17,6 @@ import json
 import os
 import random
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ from torch import nn
 
 from core.train.checkpoint import load_checkpoint
 from core.config import ConfigError, ConvertConfig, config_diff
-from core.data import DataConfig, load_blocks, load_data, load_rows
+from core.data import load_blocks, load_rows, load_spec_data, read_options
 from core.eval.metrics import passkey, per_layer_mse, perplexity, samples, teacher_context
 from core.attention.surgery import linearize
 from core.models import check_seq_len, load_model
@@ -59,17 +58,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def data_config(config: ConvertConfig) -> DataConfig:
-    d = config.data
-    columns = {v: k for k, v in (("instruction", d.instruction_field), ("input", d.input_field),
-                                 ("output", d.output_field)) if v}
-    return DataConfig(source=d.source, format=d.format, columns=columns, text_field=d.text_field,
-                      seq_len=d.seq_len, val_size=d.val_examples, max_rows=d.max_examples, seed=config.seed)
-
-
 def eval_text_blocks(config: ConvertConfig, tokenizer) -> dict[str, torch.Tensor]:
     source = "kjv-sample" if config.data.eval_text == "bundled" else config.data.eval_text
-    blocks = load_blocks(DataConfig(source=source, format="text", seq_len=config.data.seq_len), tokenizer)
+    blocks = load_blocks(source, tokenizer, format="text", seq_len=config.data.seq_len)
     return {k: v[: config.eval.ppl_blocks] for k, v in blocks.as_dict().items()}
 
 
@@ -100,7 +91,7 @@ def run_convert(
     progress.on_log(f"loading model {config.model.source}")
     model, tokenizer = build_student(config, workspace)
     check_seq_len(model, config.data.seq_len)
-    splits = load_data(data_config(config), tokenizer)
+    splits = load_spec_data(config.data, tokenizer, seed=config.seed)
     train, val = splits.train.as_dict(), splits.validation.as_dict()
     if len(splits.validation) == 0:
         val = {k: v[:1] for k, v in train.items()}
@@ -180,7 +171,7 @@ def _sample_prompts(config: ConvertConfig, n: int) -> list[str]:
     """The first validation rows' instructions (or the start of their text)."""
     if n == 0:
         return []
-    rows = load_rows(replace(data_config(config), max_rows=n))
+    rows = load_rows(config.data.source, **{**read_options(config.data), "max_examples": n})
     if rows.format == "instruction":
         return [(ins + ("\n\n" + inp if inp else "")).strip()[:1000]
                 for ins, inp in zip(rows.columns["instruction"], rows.columns.get("input", [""] * len(rows)))]

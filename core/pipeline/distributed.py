@@ -258,8 +258,8 @@ class RankProgress:
 def _prepare(config: ConvertConfig, output: Path, workspace, device: str, group_main: bool, barrier):
     """Run folder (rank 0), then model and data on every process, rank 0 first: it fills the
     workspace's model cache, so the others only read it."""
-    from core.pipeline.convert import build_student, data_config, prepare_run_dir, seed_everything
-    from core.data import load_data
+    from core.pipeline.convert import build_student, prepare_run_dir, seed_everything
+    from core.data import load_spec_data
     from core.models import check_seq_len
 
     if group_main:
@@ -271,7 +271,7 @@ def _prepare(config: ConvertConfig, output: Path, workspace, device: str, group_
         student = config.model_copy(update={"model": config.model.model_copy(update={"device": device})})
         model, tokenizer = build_student(student, workspace)
         check_seq_len(model, config.data.seq_len)
-        splits = load_data(data_config(config), tokenizer)
+        splits = load_spec_data(config.data, tokenizer, seed=config.seed)
         train, val = splits.train.as_dict(), splits.validation.as_dict()
         if len(splits.validation) == 0:
             val = {k: v[:1] for k, v in train.items()}
