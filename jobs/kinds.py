@@ -199,8 +199,13 @@ register_kind(JobKind(
 ))
 
 
-for _name, _config in CONVERT_PRESETS.items():
-    register_preset(_name, "convert", _config, PRESET_DESCRIPTIONS[_name])
+def _register_convert_presets() -> None:
+    """The conversion presets of core.config, with their one-line descriptions."""
+    for name, config in CONVERT_PRESETS.items():
+        register_preset(name, "convert", config, PRESET_DESCRIPTIONS[name])
+
+
+_register_convert_presets()
 
 
 def run_benchmark_job(config, run_dir: Path, progress) -> dict:

@@ -6,17 +6,7 @@ job system and the UI can import it without loading torch.
 
 from __future__ import annotations
 
-from kernels.hybrid.window import KINDS
-
-__all__ = [
-    "BUNDLED_MODEL",
-    "DTYPES",
-    "FEATURE_INITS",
-    "FEATURE_MAPS",
-    "KINDS",
-    "SUPPORTED_ARCHITECTURES",
-    "TINY_MODEL",
-]
+from kernels.hybrid.window import KINDS  # noqa: F401 - re-exported: the one tuple of attention kinds
 
 FEATURE_MAPS = ("hedgehog", "t2r")  # learned feature maps phi (core.attention.feature_maps)
 FEATURE_INITS = ("identity", "random")  # initial feature-map weights

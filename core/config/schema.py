@@ -56,6 +56,13 @@ class DataSpec(_Spec):
         return {field: role for role, field in named if field}
 
 
+_NAMED_CHOICES = {  # field -> (valid names, what the message calls it, how it lists them)
+    "kind": (KINDS, "attention kind", "valid kinds"),
+    "feature_map": (FEATURE_MAPS, "feature map", "valid feature maps"),
+    "feature_init": (FEATURE_INITS, "feature_init", "valid"),
+}
+
+
 class AttentionSpec(_Spec):
     """How :func:`core.attention.surgery.linearize` converts each decoder layer's attention."""
 
@@ -67,25 +74,12 @@ class AttentionSpec(_Spec):
     init_mix: float = 0.1  # initial window weight sigmoid(mix)
     feature_init: str = "identity"  # identity | random
 
-    @field_validator("kind")
+    @field_validator(*_NAMED_CHOICES)
     @classmethod
-    def _known_kind(cls, value: str) -> str:
-        if value not in KINDS:
-            raise ValueError(f"unknown attention kind {value!r}; valid kinds: {', '.join(KINDS)}")
-        return value
-
-    @field_validator("feature_map")
-    @classmethod
-    def _known_feature_map(cls, value: str) -> str:
-        if value not in FEATURE_MAPS:
-            raise ValueError(f"unknown feature map {value!r}; valid feature maps: {', '.join(FEATURE_MAPS)}")
-        return value
-
-    @field_validator("feature_init")
-    @classmethod
-    def _known_feature_init(cls, value: str) -> str:
-        if value not in FEATURE_INITS:
-            raise ValueError(f"unknown feature_init {value!r}; valid: {', '.join(FEATURE_INITS)}")
+    def _known_name(cls, value: str, info) -> str:
+        valid, what, listed = _NAMED_CHOICES[info.field_name]
+        if value not in valid:
+            raise ValueError(f"unknown {what} {value!r}; {listed}: {', '.join(valid)}")
         return value
 
     @field_validator("feature_dim", "window_size")

@@ -24,7 +24,7 @@ from core.models import (
     max_positions,
     resolve_source,
 )
-from tests.core.test_data import byte_level_tokenizer
+from tests.tiny_models import byte_level_tokenizer
 
 SUPPORTED = "llama, mistral, qwen2, qwen3"
 

@@ -2,26 +2,8 @@
 
 import pytest
 
-from core.data import ALPACA_PROMPT_NO_INPUT, ALPACA_PROMPT_WITH_INPUT
+from tests.tiny_models import byte_level_tokenizer
 
-
-def byte_level_tokenizer():
-    """A tiny byte-level BPE tokenizer (every string round-trips), trained in well under a second."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    corpus = [ALPACA_PROMPT_WITH_INPUT, ALPACA_PROMPT_NO_INPUT, "The answer is 42. How many eggs does she sell?"]
-    tok.train_from_iterator(corpus * 20, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 @pytest.fixture(scope="module")
 def tokenizer():
