@@ -18,6 +18,7 @@ from typing import Any
 
 import streamlit as st
 
+from core.config import PRESET_DESCRIPTIONS
 from core.workspace import workspace_root
 from jobs import api
 from jobs.db import open_db
@@ -105,8 +106,7 @@ def submit_demo() -> JobInfo:
 def demo_button(key: str) -> None:
     """The empty-state call to action: launch the demo conversion, then watch it on the Jobs page."""
     if st.button(f"Launch the demo conversion ({DEMO_PRESET})", key=key, type="primary",
-                 help="SmolLM2-135M-Instruct (bundled, no download) on GSM8K, short stages: about 10 minutes "
-                      "on 2 CPU cores."):
+                 help=f"{PRESET_DESCRIPTIONS[DEMO_PRESET]} (bundled, no download; GSM8K, short stages)."):
         try:
             job = submit_demo()
         except (JobsError, ValueError) as exc:

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.config import PRESETS, ConvertConfig
+from core.config import BUNDLED_MODEL, PRESETS, TINY_MODEL, ConvertConfig, deep_merge, validation_problems
 
 RECIPE = "paper recipe (defaults)"
 MODEL_CHOICES = {
@@ -20,23 +20,12 @@ MODEL_CHOICES = {
     "hub": "Hugging Face hub id",
     "local": "Local folder or .gguf file",
 }
-BUNDLED_MODEL = "smollm2-135m-instruct"
-TINY_MODEL = "tiny-random-llama"
 DATA_CHOICES = {
     "gsm8k": "GSM8K test pairs (bundled, instructions)",
     "kjv-sample": "King James Version sample (bundled, plain text)",
     "hub": "Hugging Face dataset id",
     "local": "Local json / jsonl / parquet / txt file",
 }
-ATTENTION_KINDS = ("terraced", "sliding_window", "linear")
-FEATURE_MAPS = ("hedgehog", "t2r")
-
-
-def _merge(base: dict, override: dict) -> dict:
-    out = dict(base)
-    for key, value in override.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def preset_names() -> list[str]:
@@ -143,7 +132,7 @@ def build(preset: str, values: dict[str, Any]) -> tuple[dict[str, Any], list[tup
         lr = _float(values[f"{stage}_lr"], f"{stage}.lr", problems)
         if lr is not None:
             form[stage]["lr"] = lr
-    return _merge(preset_config(preset), form), problems
+    return deep_merge(preset_config(preset), form), problems
 
 
 def validate(config: dict[str, Any]) -> tuple[ConvertConfig | None, list[tuple[str, str]]]:
@@ -151,11 +140,4 @@ def validate(config: dict[str, Any]) -> tuple[ConvertConfig | None, list[tuple[s
     try:
         return ConvertConfig.model_validate(config), []
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "config"
-            message = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                message = "unknown field"
-            problems.append((field, message))
-        return None, problems
+        return None, validation_problems(exc)

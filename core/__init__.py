@@ -1,7 +1,7 @@
 """LoLCATs Workbench core: the conversion library, usable alone from Python.
 
     import core
-    model = core.linearize(model, core.LinearizeConfig(attention="terraced"))
+    model = core.linearize(model, core.AttentionSpec(kind="terraced"))
     model, tokenizer, info = core.load_converted("workspace/runs/demo")
 
 Names are imported on first use (PEP 562), so light modules such as ``core.progress`` and
@@ -14,8 +14,8 @@ import importlib
 
 _EXPORTS = {
     "hybrid_attention": "core.attention",
-    "SUPPORTED_ARCHITECTURES": "core.attention.surgery",
-    "LinearizeConfig": "core.attention.surgery",
+    "AttentionSpec": "core.config",
+    "SUPPORTED_ARCHITECTURES": "core.config",
     "UnsupportedModelError": "core.attention.surgery",
     "linearize": "core.attention.surgery",
     "lolcats_modules": "core.attention.surgery",

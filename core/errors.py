@@ -1,14 +1,18 @@
-"""Exceptions a user can cause (bad input, bad config, missing files): shown as one clear line."""
+"""Exceptions a user can cause (bad input, bad config, missing files): shown as one clear line.
+
+Any other exception, a bare ``ValueError`` included, is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
-from core.train.checkpoint import CheckpointError
+from core.attention.surgery import UnsupportedModelError
 from core.config import ConfigError
 from core.data import DataError
-from core.attention.surgery import UnsupportedModelError
-from core.train.lora import LoraTargetError
 from core.models import ModelLoadError
+from core.train.checkpoint import CheckpointError
+from core.train.lora import LoraTargetError
 from core.train.loop import NonFiniteLossError, OutOfMemory
+from core.workspace import WorkspaceError
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     CheckpointError,
@@ -19,5 +23,5 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     ModelLoadError,
     NonFiniteLossError,
     OutOfMemory,
-    ValueError,
+    WorkspaceError,
 )

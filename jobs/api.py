@@ -30,12 +30,13 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from core.config import config_diff
 from core.workspace import runs_dir, safe_child
 from jobs import store
 from jobs.db import Database, open_db
 from jobs.errors import ConfigError, InvalidTransition, ResumeConfigMismatch
 from core.io import read_json
-from jobs.kinds import diff_configs, get_kind, get_preset
+from jobs.kinds import get_kind, get_preset
 from jobs.models import RESUMABLE_STATES, Job, JobEvent, JobStatus, Metric
 from jobs.records import EventInfo, JobInfo, MetricPoint, event_info, job_info, metric_point
 
@@ -168,7 +169,7 @@ def resume_job(job_id: int, config: dict[str, Any] | None = None, *, workspace: 
     if config is not None:
         kind = get_kind(info.kind)
         normalized = kind.normalize(dict(config), db.workspace)
-        changes = diff_configs(info.config, normalized)
+        changes = config_diff(info.config, normalized)
         refused = [c for c in changes if c.field.split(".")[0] not in kind.resume_safe]
         if refused:
             raise ResumeConfigMismatch(job_id, refused)

@@ -1,6 +1,6 @@
 """Commands of the ``jobs`` layer for the ``lolcats`` CLI.
 
-    lolcats jobs submit CONFIG.yaml | --preset NAME [--kind KIND] [--name N] [--priority P] [--set k=v ...]
+    lolcats jobs submit [CONFIG.yaml] [--preset NAME] [--kind KIND] [--name N] [--priority P] [--set a.b=v ...]
     lolcats jobs list [--status S] [--kind K] [--limit N]
     lolcats jobs show ID
     lolcats jobs logs ID [--follow]
@@ -11,8 +11,8 @@
 
 Every command takes ``--workspace`` (else ``LOLCATS_WORKSPACE``, else ``./workspace``) and
 ``--db-url`` (else ``LOLCATS_DB_URL``, else the workspace's ``workbench.db``). A config file is a
-YAML mapping: optional ``kind``, ``name`` and ``priority`` keys, and the config fields either
-under ``config:`` or at top level. User errors print one line (cause and fix) and exit 1.
+YAML mapping: optional ``kind``, ``name``, ``priority`` and ``preset`` (the base preset) keys, and
+the config fields either under ``config:`` or at top level. User errors print one line (cause and fix) and exit 1.
 ``python -m jobs`` runs the same commands without the rest of the ``lolcats`` app.
 """
 
@@ -30,10 +30,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from core.cli.common import WorkspaceOpt, cli_errors
+from core.cli.common import PRESET_HELP, SET_HELP, WorkspaceOpt, cli_errors
+from core.config import apply_overrides, deep_merge, read_yaml_mapping
+from core.config.loading import PRESET_KEY, base_preset
 from jobs import api
 from jobs.errors import ConfigError, JobsError
-from jobs.kinds import KINDS, PRESETS, get_preset
+from jobs.kinds import KINDS, get_preset
 
 console = Console()
 
@@ -51,20 +53,6 @@ def _local(dt: datetime | None) -> str:
     return dt.replace(tzinfo=timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _load_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError("job", [("config file", f"{path} does not exist")]) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError("job", [("config file", f"{path} is not valid YAML: {exc}")]) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError("job", [("config file", f"{path} must hold a mapping of field names to values")])
-    return data
-
-
 def _config_section(data: dict[str, Any], kind: str) -> dict[str, Any]:
     """The config fields of a loaded file: under ``config:`` or, without it, the top level."""
     if "config" not in data:
@@ -77,50 +65,50 @@ def _config_section(data: dict[str, Any], kind: str) -> dict[str, Any]:
     return config
 
 
-def _parse_sets(sets: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in sets:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError("job", [("--set", f"expected KEY=VALUE, got {item!r}")])
-        out[key.strip()] = yaml.safe_load(value)
-    return out
+def _job_kind(option: str | None, from_file: str | None, from_preset: str | None, config_file: Path | None,
+              preset: str | None) -> str:
+    """The one kind that ``--kind``, the file's ``kind:`` and the base preset agree on."""
+    if option is not None and from_file is not None and option != from_file:
+        raise ConfigError("job", [("kind", f"--kind {option} disagrees with kind: {from_file} in {config_file}")])
+    given = option or from_file
+    if given is not None and from_preset is not None and given != from_preset:
+        raise ConfigError("job", [("--kind", f"preset {preset!r} is a {from_preset} job, not {given}")])
+    kind = given or from_preset
+    if kind is None:
+        raise ConfigError("job", [("kind", f"missing: add `kind:` to {config_file} or pass --kind "
+                                           f"({', '.join(sorted(KINDS))})")])
+    return kind
 
 
 @jobs_app.command("submit")
 @_user_errors
 def submit(
-    config_file: Optional[Path] = typer.Argument(None, help="YAML config file."),
-    preset: Optional[str] = typer.Option(None, "--preset", help=f"Named preset ({', '.join(sorted(PRESETS))})."),
+    config_file: Optional[Path] = typer.Argument(None, help="YAML config file (may name its base `preset:`)."),
+    preset: Optional[str] = typer.Option(None, "--preset", help=PRESET_HELP),
     kind: Optional[str] = typer.Option(None, "--kind", help=f"Job kind ({', '.join(sorted(KINDS))})."),
     name: Optional[str] = typer.Option(None, "--name", help="Run name (a label; must stay inside the workspace)."),
     priority: Optional[int] = typer.Option(None, "--priority", help="Higher runs first (default 0)."),
-    sets: list[str] = typer.Option([], "--set", help="Override one config field: KEY=VALUE (YAML value)."),
+    sets: list[str] = typer.Option([], "--set", help=SET_HELP),
     workspace: Optional[Path] = WorkspaceOpt,
     db_url: Optional[str] = DbUrlOpt,
 ) -> None:
-    """Validate a config and queue a job (nothing is queued if the config is invalid)."""
-    if (config_file is None) == (preset is None):
-        raise ConfigError("job", [("config", "give either a CONFIG.yaml file or --preset NAME (not both)")])
-    if preset is not None:
-        p = get_preset(preset)
-        if kind is not None and kind != p.kind:
-            raise ConfigError("job", [("--kind", f"preset {preset!r} is a {p.kind} job, not {kind}")])
-        job_kind, config, file_name, file_priority = p.kind, dict(p.config), preset, None
-    else:
-        data = _load_yaml(config_file)
-        file_kind = data.pop("kind", None)
-        if kind is not None and file_kind is not None and kind != file_kind:
-            raise ConfigError("job", [("kind", f"--kind {kind} disagrees with kind: {file_kind} in {config_file}")])
-        job_kind = kind or file_kind
-        if job_kind is None:
-            raise ConfigError("job", [("kind", f"missing: add `kind:` to {config_file} or pass --kind "
-                                               f"({', '.join(sorted(KINDS))})")])
-        file_name, file_priority = data.pop("name", None), data.pop("priority", None)
-        config = _config_section(data, job_kind)
-    config.update(_parse_sets(sets))
+    """Validate a config and queue a job (nothing is queued if the config is invalid).
+
+    The config is the preset (``--preset`` or the file's ``preset:``, which must agree), then the
+    file's fields, then every ``--set``.
+    """
+    if config_file is None and preset is None:
+        raise ConfigError("job", [("config", "give a CONFIG.yaml file, --preset NAME, or both "
+                                             "(the file's fields override the preset)")])
+    data = read_yaml_mapping(config_file) if config_file is not None else {}
+    preset = base_preset(data.pop(PRESET_KEY, None), preset, config_file)
+    base = get_preset(preset) if preset is not None else None
+    job_kind = _job_kind(kind, data.pop("kind", None), base and base.kind, config_file, preset)
+    file_name, file_priority = data.pop("name", None), data.pop("priority", None)
+    config = deep_merge(base.config if base else {}, _config_section(data, job_kind))
+    config = apply_overrides(config, sets)
     priority = priority if priority is not None else int(file_priority or 0)
-    info = api.submit_job(job_kind, config, name=name or file_name, priority=priority,
+    info = api.submit_job(job_kind, config, name=name or file_name or preset, priority=priority,
                           workspace=workspace, db_url=db_url)
     console.print(f"queued job {info.id} ({info.kind}); run folder {info.run_dir}", highlight=False)
 
@@ -247,7 +235,7 @@ def resume(
     """Requeue a failed, cancelled or interrupted job; it continues from its last checkpoint."""
     config = None
     if config_file is not None:
-        data = _load_yaml(config_file)
+        data = read_yaml_mapping(config_file)
         for key in ("kind", "name", "priority"):
             data.pop(key, None)
         config = _config_section(data, "job")

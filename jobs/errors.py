@@ -7,8 +7,9 @@ the cause and the fix; the CLI prints it as one line, the app shows it as is.
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
-from typing import Any
+
+from core.config import ConfigError as CoreConfigError
+from core.config import FieldChange
 
 
 class JobsError(Exception):
@@ -29,8 +30,11 @@ class UnknownKind(JobsError):
     pass
 
 
-class ConfigError(JobsError):
-    """A job config failed validation. ``problems`` lists ``(field, message)`` pairs."""
+class ConfigError(JobsError, CoreConfigError):
+    """A job config failed validation. ``problems`` lists ``(field, message)`` pairs.
+
+    Also a :class:`core.config.ConfigError`, so core's error handling shows it as one line too.
+    """
 
     def __init__(self, kind: str, problems: list[tuple[str, str]]):
         self.kind = kind
@@ -41,16 +45,6 @@ class ConfigError(JobsError):
 
 class InvalidTransition(JobsError):
     """A state change was refused because the job is not in the required state."""
-
-
-@dataclass(frozen=True)
-class FieldChange:
-    field: str  # dotted path, e.g. "steps" or "lora.rank"
-    old: Any
-    new: Any
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.old!r} -> {self.new!r}"
 
 
 class ResumeConfigMismatch(JobsError):

@@ -45,8 +45,10 @@ from typing import Annotated, Any, Callable
 
 from pydantic import AfterValidator, TypeAdapter, ValidationError, ValidationInfo
 
+from core.config import PRESET_DESCRIPTIONS
+from core.config import PRESETS as CONVERT_PRESETS
 from core.workspace import safe_child
-from jobs.errors import ConfigError, FieldChange, UnknownKind
+from jobs.errors import ConfigError, UnknownKind
 
 
 def _inside_workspace(value: str, info: ValidationInfo) -> str:
@@ -167,22 +169,6 @@ def get_preset(name: str) -> Preset:
         raise UnknownKind(f"unknown preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}") from None
 
 
-def diff_configs(old: Any, new: Any, prefix: str = "") -> list[FieldChange]:
-    """Field-level differences between two JSON-like configs (dotted paths for nested fields)."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        changes: list[FieldChange] = []
-        for key in list(old) + [k for k in new if k not in old]:
-            path = f"{prefix}.{key}" if prefix else str(key)
-            if key not in new:
-                changes.append(FieldChange(path, old[key], None))
-            elif key not in old:
-                changes.append(FieldChange(path, None, new[key]))
-            else:
-                changes += diff_configs(old[key], new[key], path)
-        return changes
-    return [] if old == new else [FieldChange(prefix or "config", old, new)]
-
-
 # --- kinds shipped with the job system ---------------------------------------------------------
 register_kind(JobKind(
     name="selftest",
@@ -214,15 +200,9 @@ register_kind(JobKind(
 
 
 def _register_convert_presets() -> None:
-    from core.presets import PRESETS
-
-    descriptions = {
-        "paper-8b": "the paper's Llama 3 8B recipe (GPU and hub access needed)",
-        "cpu-demo": "the bundled SmolLM2-135M on CPU in about 10 minutes",
-        "tiny-test": "a 2-layer random Llama with the bundled tokenizer: seconds",
-    }
-    for name, config in PRESETS.items():
-        register_preset(name, "convert", config, descriptions.get(name, ""))
+    """The conversion presets of core.config, with their one-line descriptions."""
+    for name, config in CONVERT_PRESETS.items():
+        register_preset(name, "convert", config, PRESET_DESCRIPTIONS[name])
 
 
 _register_convert_presets()

@@ -1,7 +1,9 @@
-"""Tiny randomly initialised decoders of each supported architecture, built in the tests."""
+"""Tiny randomly initialised decoders of each supported architecture, and a tiny tokenizer, built in the tests."""
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+from core.data import ALPACA_PROMPT_NO_INPUT, ALPACA_PROMPT_WITH_INPUT
 
 COMMON = dict(
     vocab_size=101,
@@ -32,3 +34,22 @@ def tiny_model(arch: str = "llama", seed: int = 0, **overrides):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     return model.float().eval()
+
+
+def byte_level_tokenizer():
+    """A tiny byte-level BPE tokenizer (every string round-trips), trained in well under a second."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [ALPACA_PROMPT_WITH_INPUT, ALPACA_PROMPT_NO_INPUT, "The answer is 42. How many eggs does she sell?"]
+    tok.train_from_iterator(corpus * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")

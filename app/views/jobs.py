@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app import common
+from core.config import PRESET_DESCRIPTIONS
 from jobs import api
 from jobs.errors import JobsError
 from jobs.records import JobInfo
@@ -152,8 +153,8 @@ def _tail(path, size: int = 12000) -> str:
 def live() -> None:
     jobs = common.list_jobs()
     if not jobs:
-        st.info("No jobs yet. Launch a conversion on the Launch page, or start the demo conversion: the bundled "
-                "SmolLM2-135M-Instruct, about 10 minutes on 2 CPU cores.")
+        st.info("No jobs yet. Launch a conversion on the Launch page, or start the demo conversion: "
+                f"{PRESET_DESCRIPTIONS[common.DEMO_PRESET]}.")
         c1, c2, _ = st.columns([1, 1, 2])
         with c1:
             common.demo_button("jobs_demo")

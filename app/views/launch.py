@@ -12,6 +12,7 @@ import json
 import streamlit as st
 
 from app import common, forms
+from core.config import FEATURE_MAPS, KINDS, PRESET_DESCRIPTIONS
 from jobs import api
 from jobs.errors import JobsError
 
@@ -60,11 +61,10 @@ def _problems_for(section: str, problems: list[tuple[str, str]]) -> None:
 
 
 def _form(problems) -> None:
-    preset_help = {forms.RECIPE: "the paper's Llama 3 8B recipe values"}
+    described = {**PRESET_DESCRIPTIONS, forms.RECIPE: "the paper's Llama 3 8B recipe values"}
     st.selectbox("Preset", forms.preset_names(), key=P + "preset", on_change=_apply_preset,
-                 help="Fills every field below; edit any of them afterwards. cpu-demo: the bundled model on "
-                      "2 CPU cores in about 10 minutes; tiny-test: a tiny random model in seconds; "
-                      f"{forms.RECIPE}: {preset_help[forms.RECIPE]}.")
+                 help="Fills every field below; edit any of them afterwards. "
+                      + "; ".join(f"{name}: {line}" for name, line in described.items()) + ".")
 
     st.subheader("Model")
     choice = st.radio("Teacher model", list(forms.MODEL_CHOICES), key=P + "model_choice",
@@ -92,9 +92,9 @@ def _form(problems) -> None:
 
     st.subheader("Attention")
     c1, c2, c3, c4 = st.columns(4)
-    c1.selectbox("Kind", forms.ATTENTION_KINDS, key=P + "attention_kind",
+    c1.selectbox("Kind", KINDS, key=P + "attention_kind",
                  help="terraced: the recipe's tiled window (tk); sliding_window: last w keys; linear: no window")
-    c2.selectbox("Feature map", forms.FEATURE_MAPS, key=P + "feature_map",
+    c2.selectbox("Feature map", FEATURE_MAPS, key=P + "feature_map",
                  help="hedgehog: [softmax(xW), softmax(-xW)]; t2r: relu(xW + b)")
     c3.number_input("Feature dim", key=P + "feature_dim", step=8, help="hedgehog f (F = 2f); recipe 64")
     c4.number_input("Window", key=P + "window_size", step=16, help="window / tile length; recipe 64")

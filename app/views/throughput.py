@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import bench_results, charts, common
+from core.config import BUNDLED_MODEL
 from jobs import api
 from jobs.errors import JobsError
 from jobs.records import JobInfo
@@ -47,9 +48,9 @@ def _launch_form(conversions: list[JobInfo], expanded: bool) -> None:
                 if source is not None:
                     cfg = by_id[source].config
                     attn = cfg.get("attention", {})
-                    config["model"] = cfg.get("model", {}).get("source", "smollm2-135m-instruct")
+                    config["model"] = cfg.get("model", {}).get("source", BUNDLED_MODEL)
                     config["dtype"] = cfg.get("model", {}).get("dtype", "float32")
-                    config["linearize"] = {"attention": attn.get("kind", "terraced"),
+                    config["linearize"] = {"kind": attn.get("kind", "terraced"),
                                            "feature_map": attn.get("feature_map", "hedgehog"),
                                            "feature_dim": attn.get("feature_dim", 64),
                                            "window_size": attn.get("window_size", 64),

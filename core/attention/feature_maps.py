@@ -16,8 +16,7 @@ import math
 import torch
 from torch import nn
 
-FEATURE_MAPS = ("hedgehog", "t2r")
-INITS = ("identity", "random")
+from core.config.constants import FEATURE_INITS, FEATURE_MAPS
 
 
 def _init_weight(weight: torch.Tensor, init: str) -> None:
@@ -30,7 +29,7 @@ def _init_weight(weight: torch.Tensor, init: str) -> None:
         elif init == "random":
             weight.normal_(0.0, 1.0 / math.sqrt(d))
         else:
-            raise ValueError(f"unknown feature map init {init!r}; valid: {', '.join(INITS)}")
+            raise ValueError(f"unknown feature map init {init!r}; valid: {', '.join(FEATURE_INITS)}")
 
 
 class HedgehogFeatureMap(nn.Module):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from core.attention.surgery import LinearizeConfig
+from core.config import BUNDLED_MODEL, AttentionSpec, ConfigError, build_spec
 
 MODELS = ("teacher", "student")
 SWEEPS = ("axes", "grid")
@@ -27,7 +27,7 @@ class BenchConfig:
     modes. A base value left ``None`` is the first value of its list.
     """
 
-    model: str = "smollm2-135m-instruct"  # any source core.models.load_model accepts
+    model: str = BUNDLED_MODEL  # any source core.models.load_model accepts
     dtype: str = "float32"
     device: str = "auto"
     workspace: str | None = None
@@ -51,40 +51,40 @@ class BenchConfig:
         for name in ("batch_sizes", "prompt_lengths", "gen_lengths"):
             values = [int(v) for v in getattr(self, name)]
             if not values:
-                raise ValueError(f"{name} must list at least one value")
+                raise ConfigError(f"{name} must list at least one value")
             setattr(self, name, values)
         for name in ("batch_sizes", "prompt_lengths"):
             bad = [v for v in getattr(self, name) if v < 1]
             if bad:
-                raise ValueError(f"{name} must be >= 1, got {bad}")
+                raise ConfigError(f"{name} must be >= 1, got {bad}")
         bad = [g for g in self.gen_lengths if g < 2]
         if bad:
-            raise ValueError(
+            raise ConfigError(
                 f"gen_lengths must be >= 2 (the first token comes from the prefill, decode is timed from the "
                 f"second on), got {bad}"
             )
         self.extra_points = [[int(x) for x in p] for p in self.extra_points]
         for p in self.extra_points:
             if len(p) != 3 or p[0] < 1 or p[1] < 1 or p[2] < 2:
-                raise ValueError(f"extra_points entries must be [batch_size >= 1, prompt_length >= 1, gen_length >= 2], got {p}")
+                raise ConfigError(f"extra_points entries must be [batch_size >= 1, prompt_length >= 1, gen_length >= 2], got {p}")
         if self.sweep not in SWEEPS:
-            raise ValueError(f"unknown sweep {self.sweep!r}; valid: {', '.join(SWEEPS)}")
+            raise ConfigError(f"unknown sweep {self.sweep!r}; valid: {', '.join(SWEEPS)}")
         unknown = [m for m in self.models if m not in MODELS]
         if unknown or not self.models:
-            raise ValueError(f"models must be a non-empty subset of {', '.join(MODELS)}, got {self.models}")
+            raise ConfigError(f"models must be a non-empty subset of {', '.join(MODELS)}, got {self.models}")
         self.models = [m for m in MODELS if m in self.models]
         if int(self.repeats) < 1:
-            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
         self.repeats = int(self.repeats)
         if self.threads is not None:
             if int(self.threads) < 1:
-                raise ValueError(f"threads must be >= 1 (or None for torch's default), got {self.threads}")
+                raise ConfigError(f"threads must be >= 1 (or None for torch's default), got {self.threads}")
             self.threads = int(self.threads)
         self.linearize_config()  # validates the fields
 
-    def linearize_config(self) -> LinearizeConfig:
+    def linearize_config(self) -> AttentionSpec:
         """The conversion used for a fresh student: random feature maps unless told otherwise."""
-        return LinearizeConfig.from_dict({"feature_init": "random", **self.linearize})
+        return build_spec(AttentionSpec, {"feature_init": "random", **self.linearize}, "linearize")
 
     def points(self) -> list[tuple[int, int, int]]:
         """The points to measure, in order, without duplicates."""
@@ -107,10 +107,10 @@ class BenchConfig:
     def from_dict(cls, data: dict) -> BenchConfig:
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"unknown BenchConfig fields: {', '.join(sorted(unknown))}")
+            raise ConfigError(f"unknown BenchConfig fields: {', '.join(sorted(unknown))}")
         return cls(**data)
 
 
-def attention_fields(attention: LinearizeConfig) -> dict[str, Any]:
+def attention_fields(attention: AttentionSpec) -> dict[str, Any]:
     """A student's attention config as the plain fields a result records."""
-    return attention.to_dict()
+    return attention.model_dump()

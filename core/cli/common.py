@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from core.config.presets import PRESET_DESCRIPTIONS
 from core.progress import StopRequested
 from core.workspace import WorkspaceError, runs_dir, safe_child, workspace_root
 
@@ -31,6 +32,10 @@ err_console = Console(stderr=True)
 
 WORKSPACE_HELP = "Workspace folder (default: $LOLCATS_WORKSPACE or ./workspace)."
 WorkspaceOpt = typer.Option(None, "--workspace", "-w", help=WORKSPACE_HELP)
+PRESET_HELP = "Base preset, the file's fields override it: " + "; ".join(
+    f"{name} ({description})" for name, description in PRESET_DESCRIPTIONS.items())
+SET_HELP = ("Override one config field: FIELD=VALUE, FIELD a dotted path such as attention.window_size, "
+            "VALUE parsed as YAML; repeatable, applied in order.")
 
 ErrorTypes = tuple[type[BaseException], ...]
 

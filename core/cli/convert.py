@@ -8,13 +8,14 @@ from typing import Optional
 
 import typer
 
-from core.cli.common import RichProgress, WorkspaceOpt, cli_errors, console, run_path
+from core.cli.common import PRESET_HELP, SET_HELP, RichProgress, WorkspaceOpt, cli_errors, console, run_path
 
 
 @cli_errors()
 def convert(
     config: Optional[Path] = typer.Argument(None, help="YAML config (sections: model, data, attention, stage1, stage2, eval)."),
-    preset: Optional[str] = typer.Option(None, "--preset", "-p", help="paper-8b | cpu-demo | tiny-test"),
+    preset: Optional[str] = typer.Option(None, "--preset", "-p", help=PRESET_HELP),
+    sets: list[str] = typer.Option([], "--set", help=SET_HELP),
     output: Optional[str] = typer.Option(None, "--output", "-o",
                                          help="Run folder: an absolute path, or a name under <workspace>/runs."),
     resume: bool = typer.Option(False, "--resume", help="Continue a stopped or crashed run in --output."),
@@ -24,7 +25,7 @@ def convert(
     from core.config import load_config
     from core.pipeline.convert import REPORT_FILE, run_convert
 
-    cfg = load_config(config, preset)
+    cfg = load_config(config, preset, overrides=sets)
     out = run_path(output, workspace, preset or "run")
     with RichProgress() as progress:
         report = run_convert(cfg, out, progress, resume=resume, workspace=workspace)

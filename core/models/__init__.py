@@ -20,7 +20,7 @@ _EXPORTS = {
     "BUNDLED_MODEL": "sources",
     "BUNDLED_PACKAGE": "sources",
     "BUNDLED_PIP": "sources",
-    "SUPPORTED_MODEL_TYPES": "sources",
+    "SUPPORTED_ARCHITECTURES": "sources",
     "TINY_MODEL": "sources",
     "ModelLoadError": "sources",
     "ModelSource": "sources",

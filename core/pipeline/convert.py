@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -26,10 +25,10 @@ from torch import nn
 
 from core.attention.surgery import linearize
 from core.config import ConvertConfig, EvalSpec
-from core.data import DataConfig, load_blocks, load_rows
+from core.data import load_blocks, load_rows, read_options
 from core.eval.metrics import passkey, per_layer_mse, perplexity, samples, teacher_context
 from core.io import atomic_write_json
-from core.pipeline.prelude import data_config, save_stage_summary, stage_finished, stage_summary, start_run
+from core.pipeline.prelude import save_stage_summary, stage_finished, stage_summary, start_run
 from core.progress import NullProgress, ProgressCallback
 from core.train.distill_attention import train_stage1
 from core.train.finetune_lora import train_stage2, wrap_for_stage2
@@ -40,7 +39,7 @@ REPORT_FILE = "report.json"
 
 def eval_text_blocks(config: ConvertConfig, tokenizer) -> dict[str, torch.Tensor]:
     source = "kjv-sample" if config.data.eval_text == "bundled" else config.data.eval_text
-    blocks = load_blocks(DataConfig(source=source, format="text", seq_len=config.data.seq_len), tokenizer)
+    blocks = load_blocks(source, tokenizer, format="text", seq_len=config.data.seq_len)
     return {k: v[: config.eval.ppl_blocks] for k, v in blocks.as_dict().items()}
 
 
@@ -72,7 +71,7 @@ def run_convert(
         timings["teacher_eval_s"] = time.perf_counter() - t
     progress.on_log(f"teacher held-out perplexity {teacher_ppl:.3f}")
 
-    linearize(model, config.attention.linearize_config())
+    linearize(model, config.attention)
     result: dict = {}
     if config.stage1.enabled:
         t = time.perf_counter()
@@ -142,7 +141,7 @@ def _sample_prompts(config: ConvertConfig, n: int) -> list[str]:
     """The first validation rows' instructions (or the start of their text)."""
     if n == 0:
         return []
-    rows = load_rows(replace(data_config(config), max_rows=n))
+    rows = load_rows(config.data.source, **{**read_options(config.data), "max_examples": n})
     if rows.format == "instruction":
         return [(ins + ("\n\n" + inp if inp else "")).strip()[:1000]
                 for ins, inp in zip(rows.columns["instruction"], rows.columns.get("input", [""] * len(rows)))]

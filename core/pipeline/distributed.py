@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from core.cli.common import WORKSPACE_HELP, exit_status, run_path
+from core.cli.common import PRESET_HELP, SET_HELP, WORKSPACE_HELP, exit_status, run_path
 from core.config import ConfigError, ConvertConfig, load_config
 from core.pipeline.prelude import save_stage_summary, stage_finished, start_run
 from core.progress import ProgressCallback
@@ -199,7 +199,7 @@ def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str 
     try:
         run = start_run(config, output, resume=True, workspace=workspace, device=group.device, progress=progress,
                         main=group.main, barrier=group.barrier)
-        model, train, val = linearize(run.model, config.attention.linearize_config()), run.train, run.val
+        model, train, val = linearize(run.model, config.attention), run.train, run.val
         blocks = sorted(trainable_blocks(model, spec.layers_per_block))
         shares = {r: blocks[r :: group.world_size] for r in range(group.world_size)}
         if stage_finished(output, "stage1", spec.steps):
@@ -258,7 +258,7 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
         load_on = "cpu" if sharded else str(accelerator.device)  # sharding moves each shard to the device
         run = start_run(config, output, resume=True, workspace=workspace, device=load_on, progress=progress, main=main,
                         barrier=accelerator.wait_for_everyone)
-        model, train, val = linearize(run.model, config.attention.linearize_config()), run.train, run.val
+        model, train, val = linearize(run.model, config.attention), run.train, run.val
         if config.stage1.enabled:
             if not stage_finished(output, "stage1", config.stage1.steps):
                 raise ConfigError(f"stage 1 is not finished in {output}; run `python -m core.pipeline.distributed stage1` (or "
@@ -300,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Run one conversion stage across the processes of a torchrun / accelerate launch.")
     parser.add_argument("stage", choices=["stage1", "stage2"])
     parser.add_argument("--config", type=Path, default=None, help="YAML run config (sections as for lolcats convert)")
-    parser.add_argument("--preset", default=None, help="named preset (paper-8b, cpu-demo, tiny-test)")
+    parser.add_argument("--preset", default=None, help=PRESET_HELP)
+    parser.add_argument("--set", dest="sets", action="append", default=[], help=SET_HELP)
     parser.add_argument("--output", "-o", required=True,
                         help="run folder: an absolute path, or a name under <workspace>/runs")
     parser.add_argument("--workspace", "-w", default=None, help=WORKSPACE_HELP)
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.config is None and args.preset is None:
             raise ConfigError("give --config CONFIG.yaml or --preset NAME")
-        config = load_config(args.config, args.preset)
+        config = load_config(args.config, args.preset, overrides=args.sets)
         output = run_path(args.output, args.workspace, "run")
         if args.stage == "stage1":
             if args.strategy is not None:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from core.config import ConfigError, ConvertConfig, config_diff
-from core.data import DataConfig, load_data
+from core.data import load_spec_data
 from core.io import atomic_write_json
 from core.models import check_seq_len, load_model
 from core.progress import NullProgress, ProgressCallback
@@ -52,7 +52,7 @@ def prepare_run_dir(config: ConvertConfig, output: Path, resume: bool) -> None:
         old = json.loads(stored.read_text())
         diff = config_diff(old, config.model_dump())
         if diff:
-            raise ConfigError("cannot resume: the config changed what was trained:\n  " + "\n  ".join(diff))
+            raise ConfigError("cannot resume: the config changed what was trained:\n  " + "\n  ".join(map(str, diff)))
     else:
         output.mkdir(parents=True, exist_ok=True)
         atomic_write_json(stored, config.model_dump())
@@ -61,14 +61,6 @@ def prepare_run_dir(config: ConvertConfig, output: Path, resume: bool) -> None:
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
-
-
-def data_config(config: ConvertConfig) -> DataConfig:
-    d = config.data
-    columns = {v: k for k, v in (("instruction", d.instruction_field), ("input", d.input_field),
-                                 ("output", d.output_field)) if v}
-    return DataConfig(source=d.source, format=d.format, columns=columns, text_field=d.text_field,
-                      seq_len=d.seq_len, val_size=d.val_examples, max_rows=d.max_examples, seed=config.seed)
 
 
 def load_teacher(config: ConvertConfig, workspace=None, device: str | None = None) -> tuple[nn.Module, object]:
@@ -96,7 +88,7 @@ def start_run(config: ConvertConfig, output: Path, *, resume: bool, workspace=No
         seed_everything(config.seed)
         progress.on_log(f"loading model {config.model.source}")
         model, tokenizer = load_teacher(config, workspace, device)
-        splits = load_data(data_config(config), tokenizer)
+        splits = load_spec_data(config.data, tokenizer, seed=config.seed)
         train, val = splits.train.as_dict(), splits.validation.as_dict()
         if len(splits.validation) == 0:
             val = {k: v[:1] for k, v in train.items()}
@@ -128,5 +120,5 @@ def stage_summary(output: Path, stage: str) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-__all__ = ["RunInputs", "start_run", "prepare_run_dir", "seed_everything", "data_config", "load_teacher",
+__all__ = ["RunInputs", "start_run", "prepare_run_dir", "seed_everything", "load_teacher",
            "stage_finished", "save_stage_summary", "stage_summary", "CONFIG_FILE", "SUMMARY_FILE"]

@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from core.train.checkpoint import CheckpointError, load_trainable, refuse_pickle
-from core.config import ConvertConfig
-from core.attention.surgery import LinearizeConfig, linearize
+from core.config import AttentionSpec, ConvertConfig
+from core.attention.surgery import linearize
 from core.train.lora import merge_lora
 from core.models import load_model, resolve_device
 from core.pipeline.prelude import load_teacher
@@ -40,7 +40,7 @@ def load_converted(path: str | os.PathLike, device: str = "auto", workspace=None
         raise CheckpointError(f"{path} is not a converted run folder (config.json and stage checkpoints expected)")
     config = ConvertConfig.model_validate(json.loads((path / "config.json").read_text()))
     model, tokenizer = load_teacher(config, workspace, device)
-    linearize(model, config.attention.linearize_config())
+    linearize(model, config.attention)
     if (path / "stage1" / "best").exists():
         load_best(model, path, "stage1")
     if (path / "stage2" / "best").exists():
@@ -58,7 +58,7 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=Non
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / EXPORT_CONFIG).write_text(json.dumps({"linearize": model.lolcats_config.to_dict(),
+    (out / EXPORT_CONFIG).write_text(json.dumps({"linearize": model.lolcats_config.model_dump(),
                                                  "source_run": str(Path(run_dir).resolve())}, indent=2))
     return out
 
@@ -66,7 +66,10 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=Non
 def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object, dict]:
     meta = json.loads((path / EXPORT_CONFIG).read_text())
     model, tokenizer = load_model(str(path), device="cpu", workspace=workspace)
-    linearize(model, LinearizeConfig.from_dict(meta["linearize"]))
+    saved = dict(meta["linearize"])
+    if "attention" in saved:  # exported before the spec took the YAML's names: attention -> kind
+        saved["kind"] = saved.pop("attention")
+    linearize(model, AttentionSpec.model_validate(saved))
     extras = {}
     for file in sorted(path.glob("*.safetensors")):
         extras.update({k: v for k, v in load_file(str(file)).items() if ".feature_map_" in k or k.endswith(".mix")})

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,9 +52,9 @@ def test_form_edits_reach_the_config():
 
 
 @pytest.mark.parametrize("changes, field, words", [
-    ({"window_size": 0}, "attention", "window_size must be an integer >= 1, got 0"),
-    ({"feature_dim": -2}, "attention", "feature_dim"),
-    ({"softmax_layers": "0, 0"}, "attention", "more than once"),
+    ({"window_size": 0}, "attention.window_size", "window_size must be an integer >= 1, got 0"),
+    ({"feature_dim": -2}, "attention.feature_dim", "feature_dim"),
+    ({"softmax_layers": "0, 0"}, "attention.softmax_layers", "more than once"),
     ({"softmax_layers": "zero"}, "attention.softmax_layers", "layer numbers"),
     ({"stage1_lr": "0"}, "stage1.lr", "stage1.lr must be a finite number > 0, got 0.0"),
     ({"stage2_lr": "fast"}, "stage2.lr", "must be a number"),
@@ -64,6 +67,23 @@ def test_form_edits_reach_the_config():
 def test_form_problems_name_the_field(changes, field, words):
     problems = _problems(**changes)
     assert any(f == field and words in m for f, m in problems), problems
+
+
+def test_launch_form_validates_and_queues_without_importing_torch(tmp_path):
+    code = """
+import sys
+from app import forms
+from jobs import api
+values = {"preset": "tiny-test", **forms.form_values(forms.preset_config("tiny-test"))}
+config, problems = forms.build("tiny-test", {**values, "window_size": 0})
+assert forms.validate(config)[0] is None and not problems
+config, problems = forms.build("tiny-test", values)
+validated, problems = forms.validate(config)
+assert validated is not None and not problems, problems
+api.submit_job("convert", validated.model_dump(), workspace=sys.argv[1])
+assert "torch" not in sys.modules and "transformers" not in sys.modules
+"""
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, cwd=Path(__file__).parents[2])
 
 
 # ---------------------------------------------------------------------------------------------- benchmark reports

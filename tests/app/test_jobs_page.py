@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from core.presets import PRESETS
+from core.config import PRESETS
 from jobs import api, store
 from jobs.db import open_db
 from tests.app.apptest import button, open_page, texts, widget

@@ -32,8 +32,8 @@ def positions(mask):
 
 def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=0):
     model = tiny_model(arch, seed=seed)
-    cfg = core.LinearizeConfig(
-        attention=kind, window_size=window, feature_dim=8, softmax_layers=list(softmax_layers), feature_init="random"
+    cfg = core.AttentionSpec(
+        kind=kind, window_size=window, feature_dim=8, softmax_layers=list(softmax_layers), feature_init="random"
     )
     torch.manual_seed(seed + 1)
     model = core.linearize(model, cfg)
@@ -108,7 +108,7 @@ def test_padded_row_equals_row_alone(kind):
 @torch.no_grad()
 def test_window_covering_input_reproduces_original(arch):
     original = tiny_model(arch, seed=4)
-    model = core.linearize(copy.deepcopy(original), core.LinearizeConfig(attention="sliding_window", window_size=128))
+    model = core.linearize(copy.deepcopy(original), core.AttentionSpec(kind="sliding_window", window_size=128))
     ids, mask = left_padded_batch([100, 64], 100, seed=5)
     kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=positions(mask))
     ref, got = original(**kwargs).logits, model(**kwargs).logits
@@ -159,13 +159,13 @@ def test_only_feature_maps_and_mix_are_trainable():
 def test_unsupported_architecture_error():
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
     with pytest.raises(core.UnsupportedModelError, match=r"unsupported architecture 'gpt2' \(GPT2LMHeadModel\).*llama, mistral, qwen2, qwen3"):
-        core.linearize(gpt2, core.LinearizeConfig())
+        core.linearize(gpt2, core.AttentionSpec())
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(attention="tk"), "unknown attention kind 'tk'; valid kinds: linear, sliding_window, terraced"),
+        (dict(kind="tk"), "unknown attention kind 'tk'; valid kinds: linear, sliding_window, terraced"),
         (dict(feature_map="hedgehug"), "unknown feature map 'hedgehug'; valid feature maps: hedgehog, t2r"),
         (dict(window_size=0), "window_size must be an integer >= 1, got 0"),
         (dict(feature_dim=-4), "feature_dim must be an integer >= 1, got -4"),
@@ -175,15 +175,15 @@ def test_unsupported_architecture_error():
 )
 def test_config_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        core.LinearizeConfig(**kwargs)
+        core.AttentionSpec(**kwargs)
 
 
 def test_softmax_layers_out_of_range():
     with pytest.raises(ValueError, match=r"softmax_layers \[3\] out of range: the model has 3 layers"):
-        core.linearize(tiny_model(), core.LinearizeConfig(softmax_layers=[3]))
+        core.linearize(tiny_model(), core.AttentionSpec(softmax_layers=[3]))
 
 
 def test_converting_twice_is_refused():
     model = converted()
     with pytest.raises(ValueError, match="already linearized"):
-        core.linearize(model, core.LinearizeConfig())
+        core.linearize(model, core.AttentionSpec())

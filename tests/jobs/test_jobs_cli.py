@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -70,6 +74,68 @@ def test_submit_needs_exactly_one_source(run, tmp_path):
     assert run("jobs", "submit").exit_code == 1
     assert run("jobs", "submit", "--preset", "nope").exit_code == 1
     assert "valid presets" in run("jobs", "submit", "--preset", "nope").output
+
+
+def test_submit_non_utf8_or_binary_file_says_where_in_one_line(run, ws, tmp_path):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("kind: selftest\nname: caf\xe9\n".encode("latin-1"))
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00")
+    for path, message in ((latin, "is not UTF-8 text: byte 0xe9 at byte offset 24 (line 2)"),
+                          (binary, "is not YAML text: NUL byte at byte offset 7")):
+        result = run("jobs", "submit", str(path))
+        assert result.exit_code == 1
+        assert path.name in result.output and message in result.output, result.output
+        assert "Traceback" not in result.output and "UnicodeDecodeError" not in result.output
+    assert api.list_jobs(workspace=ws) == []
+
+
+def test_submit_set_overrides_one_nested_field(run, ws):
+    result = run("jobs", "submit", "--preset", "tiny-test", "--set", "attention.window_size=32",
+                 "--set", "stage1={steps: 3}")
+    assert result.exit_code == 0, result.output
+    config = api.list_jobs(workspace=ws)[0].config
+    assert config["attention"]["window_size"] == 32 and config["attention"]["feature_dim"] == 8  # merged
+    assert config["stage1"]["steps"] == 3 and config["stage1"]["eval_every"] == 2
+    typo = run("jobs", "submit", "--preset", "tiny-test", "--set", "attention.windw_size=32")
+    assert typo.exit_code == 1 and "attention.windw_size: unknown field" in typo.output
+
+
+def test_submit_file_based_on_a_preset(run, ws, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("preset: tiny-test\nname: small-window\nattention:\n  window_size: 8\n")
+    result = run("jobs", "submit", str(path))
+    assert result.exit_code == 0, result.output
+    info = api.list_jobs(workspace=ws)[0]
+    assert (info.kind, info.name) == ("convert", "small-window")
+    assert info.config["attention"]["window_size"] == 8 and info.config["data"]["seq_len"] == 64
+    same = run("jobs", "submit", str(path), "--preset", "tiny-test")
+    assert same.exit_code == 0, same.output
+    clash = run("jobs", "submit", str(path), "--preset", "cpu-demo")
+    assert clash.exit_code == 1
+    assert "based on preset 'tiny-test' but --preset 'cpu-demo' was given" in clash.output
+    wrong_kind = run("jobs", "submit", str(path), "--kind", "selftest")
+    assert wrong_kind.exit_code == 1 and "preset 'tiny-test' is a convert job, not selftest" in wrong_kind.output
+    assert len(api.list_jobs(workspace=ws)) == 2
+
+
+def test_submit_validates_a_conversion_without_importing_torch(ws):
+    code = """
+import sys
+import typer
+from typer.testing import CliRunner
+from jobs.cli import register
+app = typer.Typer()
+register(app)
+args = ["jobs", "submit", "--preset", "tiny-test", "--workspace", sys.argv[1]]
+bad = CliRunner().invoke(app, [*args, "--set", "attention.kind=quadratic"])
+assert bad.exit_code == 1 and "unknown attention kind 'quadratic'" in bad.output, bad.output
+good = CliRunner().invoke(app, [*args, "--set", "attention.window_size=8"])
+assert good.exit_code == 0, good.output
+assert "torch" not in sys.modules and "transformers" not in sys.modules
+"""
+    subprocess.run([sys.executable, "-c", code, str(ws)], check=True, cwd=Path(__file__).parents[2])
+    assert api.list_jobs(workspace=ws)[0].config["attention"]["window_size"] == 8
 
 
 def test_worker_runs_jobs_then_logs_and_show_tell_what_happened(run, ws):

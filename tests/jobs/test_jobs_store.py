@@ -14,7 +14,7 @@ from jobs import api, db as jobs_db, store
 from jobs.db import open_db, retry_stats, schema_version
 from jobs.errors import (ConfigError, DatabaseBusyError, InvalidTransition, ResumeConfigMismatch, UnknownKind,
                          describe_failure, is_out_of_memory)
-from jobs.kinds import diff_configs
+from core.config import config_diff
 from jobs.models import Job, utcnow
 from jobs.worker import Worker, WorkerOptions, make_worker_id
 from jobs_testutil import hold_write_lock
@@ -174,10 +174,10 @@ def test_resume_requeues_as_next_attempt_and_accepts_resume_safe_changes(ws):
         api.resume_job(job_id, workspace=ws)
 
 
-def test_diff_configs_names_nested_fields():
+def test_config_diff_names_nested_fields():
     old = {"a": 1, "lora": {"rank": 8, "alpha": 16}, "gone": True}
     new = {"a": 1, "lora": {"rank": 4, "alpha": 16}, "added": 2}
-    assert [str(c) for c in diff_configs(old, new)] == ["lora.rank: 8 -> 4", "gone: True -> None",
+    assert [str(c) for c in config_diff(old, new)] == ["lora.rank: 8 -> 4", "gone: True -> None",
                                                          "added: None -> 2"]
 
 

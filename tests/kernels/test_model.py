@@ -16,7 +16,7 @@ def test_tiny_model_loss_and_gradients(kind, monkeypatch):
     torch.manual_seed(0)
     model = core.linearize(
         tiny_model("llama", seed=0),
-        core.LinearizeConfig(attention=kind, window_size=8, feature_dim=8, feature_init="random"),
+        core.AttentionSpec(kind=kind, window_size=8, feature_dim=8, feature_init="random"),
     ).to(DEVICE)
     with torch.no_grad():
         for m in core.lolcats_modules(model).values():

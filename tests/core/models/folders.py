@@ -6,7 +6,7 @@ import shutil
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.core.test_data import byte_level_tokenizer
+from tests.tiny_models import byte_level_tokenizer
 
 SUPPORTED = "llama, mistral, qwen2, qwen3"
 

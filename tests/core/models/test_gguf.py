@@ -10,7 +10,7 @@ from transformers import LlamaForCausalLM
 import core.models.gguf as gguf_source
 from core.models import BUNDLED_MODEL, ModelLoadError, load_model, max_positions
 from tests.core.models.folders import tiny_llama_config
-from tests.core.test_data import byte_level_tokenizer
+from tests.tiny_models import byte_level_tokenizer
 
 
 @pytest.fixture(scope="module")

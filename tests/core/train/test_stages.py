@@ -27,7 +27,7 @@ def blocks(n, L=48, seed=0):
 def student(kind="terraced", seed=0):
     model = tiny_model("llama", seed=seed)
     torch.manual_seed(seed)
-    return core.linearize(model, core.LinearizeConfig(attention=kind, window_size=8, feature_dim=8))
+    return core.linearize(model, core.AttentionSpec(kind=kind, window_size=8, feature_dim=8))
 
 
 S1 = dict(steps=12, lr=5e-2, grad_accum=2, eval_every=4, eval_blocks=4, mse_factor=1000.0)

@@ -1,7 +1,9 @@
-"""Named conversion presets: partial configs merged over the recipe defaults of ``core.config``.
+"""Named conversion presets: partial configs merged over the recipe defaults of the schema.
 
-Plain data with no imports, so the job system can register them without loading torch.
+Plain data (torch-free), so the job system and the UI can list them without loading torch.
 """
+
+from core.config.constants import TINY_MODEL
 
 PRESETS: dict[str, dict] = {
     # The paper's Llama 3 8B recipe (needs a GPU with about 40 GB and the hub).
@@ -19,7 +21,7 @@ PRESETS: dict[str, dict] = {
     },
     # Seconds: a tiny random model with the bundled tokenizer; for tests and smoke checks.
     "tiny-test": {
-        "model": {"source": "tiny-random-llama"},
+        "model": {"source": TINY_MODEL},
         "attention": {"feature_dim": 8, "window_size": 16},
         "data": {"seq_len": 64, "val_examples": 8, "max_examples": 64},
         "stage1": {"steps": 4, "grad_accum": 1, "eval_every": 2, "eval_blocks": 2},
@@ -27,4 +29,10 @@ PRESETS: dict[str, dict] = {
         "eval": {"ppl_blocks": 2, "mse_blocks": 1, "passkey_lengths": [64], "passkey_depths": [0.5],
                  "passkey_trials": 1, "samples": 1, "max_new_tokens": 8},
     },
+}
+
+PRESET_DESCRIPTIONS: dict[str, str] = {  # one line each, for CLI help, the job list and the Launch page
+    "paper-8b": "the paper's Llama 3 8B recipe (GPU and hub access needed)",
+    "cpu-demo": "the bundled SmolLM2-135M on CPU in about 10 minutes",
+    "tiny-test": "a 2-layer random Llama with the bundled tokenizer: seconds",
 }

@@ -1,0 +1,65 @@
+"""The conversion config: schema, shared constants, presets and loading; imports neither torch nor transformers.
+
+    from core.config import load_config, preset
+    config = load_config("run.yaml", overrides=["attention.window_size=32"])
+    config = preset("tiny-test", data={"seq_len": 32})
+"""
+
+from core.config.constants import (
+    BUNDLED_MODEL,
+    DTYPES,
+    FEATURE_INITS,
+    FEATURE_MAPS,
+    KINDS,
+    SUPPORTED_ARCHITECTURES,
+    TINY_MODEL,
+)
+from core.config.loading import apply_overrides, load_config, preset, read_yaml_mapping
+from core.config.presets import PRESET_DESCRIPTIONS, PRESETS
+from core.config.schema import (
+    AttentionSpec,
+    ConfigError,
+    ConvertConfig,
+    DataSpec,
+    EvalSpec,
+    ModelSpec,
+    Stage1Spec,
+    Stage2Spec,
+    build_config,
+    build_spec,
+    format_validation_error,
+    validation_problems,
+)
+from core.config.tree import FieldChange, config_diff, deep_merge, set_dotted
+
+__all__ = [
+    "BUNDLED_MODEL",
+    "DTYPES",
+    "FEATURE_INITS",
+    "FEATURE_MAPS",
+    "KINDS",
+    "PRESETS",
+    "PRESET_DESCRIPTIONS",
+    "SUPPORTED_ARCHITECTURES",
+    "TINY_MODEL",
+    "AttentionSpec",
+    "ConfigError",
+    "ConvertConfig",
+    "DataSpec",
+    "EvalSpec",
+    "FieldChange",
+    "ModelSpec",
+    "Stage1Spec",
+    "Stage2Spec",
+    "apply_overrides",
+    "build_config",
+    "build_spec",
+    "config_diff",
+    "deep_merge",
+    "format_validation_error",
+    "load_config",
+    "preset",
+    "read_yaml_mapping",
+    "set_dotted",
+    "validation_problems",
+]

@@ -1,0 +1,202 @@
+"""The conversion config: pydantic specs with the YAML's field names, the paper's recipe as default.
+
+Every field is checked when the config is built, so a bad value fails before any work starts,
+with a message naming the field. ``ConvertConfig.model_dump()`` is what a run folder stores and
+what ``--resume`` compares against. The specs are the only config classes: the attention surgery
+takes an :class:`AttentionSpec`, the trainers their stage spec, the data loaders a
+:class:`DataSpec`'s fields.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from core.config.constants import BUNDLED_MODEL, DTYPES, FEATURE_INITS, FEATURE_MAPS, KINDS
+
+
+class ConfigError(ValueError):
+    """A config a user wrote is wrong; the message names the field, the value and the fix."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _finite_positive(name: str, value: float) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return value
+
+
+class ModelSpec(_Spec):
+    source: str = BUNDLED_MODEL  # bundled default, a hub id, a local folder or a .gguf file
+    dtype: Literal[DTYPES] = "float32"
+    device: str = "auto"  # auto = CUDA when present, else CPU
+    trust_remote_code: bool = False  # never implied: models that need it are refused otherwise
+
+
+class DataSpec(_Spec):
+    source: str = "gsm8k"  # bundled GSM8K pairs, a hub dataset id, or a local json/jsonl/parquet/text file
+    format: Literal["instruction", "text"] = "instruction"
+    instruction_field: str | None = None  # field mapping for instruction data (defaults: Alpaca names)
+    input_field: str | None = None
+    output_field: str | None = None
+    text_field: str = "text"
+    seq_len: int = Field(1024, ge=2)  # packed block length (recipe: 1024)
+    val_examples: int = Field(200, ge=1)  # the first rows form the validation split (recipe: 200)
+    max_examples: int | None = Field(None, ge=1)  # cap on training examples read (None: all)
+    eval_text: str = "bundled"  # held-out perplexity text: "bundled" public-domain sample or a file
+
+    def columns(self) -> dict[str, str]:
+        """The field renames the data loader applies: source field -> Alpaca role."""
+        named = (("instruction", self.instruction_field), ("input", self.input_field), ("output", self.output_field))
+        return {field: role for role, field in named if field}
+
+
+_NAMED_CHOICES = {  # field -> (valid names, what the message calls it, how it lists them)
+    "kind": (KINDS, "attention kind", "valid kinds"),
+    "feature_map": (FEATURE_MAPS, "feature map", "valid feature maps"),
+    "feature_init": (FEATURE_INITS, "feature_init", "valid"),
+}
+
+
+class AttentionSpec(_Spec):
+    """How :func:`core.attention.surgery.linearize` converts each decoder layer's attention."""
+
+    kind: str = "terraced"  # linear | sliding_window | terraced (the recipe's "tk" window)
+    feature_map: str = "hedgehog"  # hedgehog | t2r
+    feature_dim: int = 64  # hedgehog: f (F = 2f); t2r: F
+    window_size: int = 64  # sliding window length / terraced tile length
+    softmax_layers: list[int] = []  # layer indices kept as softmax attention (stored sorted)
+    init_mix: float = 0.1  # initial window weight sigmoid(mix)
+    feature_init: str = "identity"  # identity | random
+
+    @field_validator(*_NAMED_CHOICES)
+    @classmethod
+    def _known_name(cls, value: str, info) -> str:
+        valid, what, listed = _NAMED_CHOICES[info.field_name]
+        if value not in valid:
+            raise ValueError(f"unknown {what} {value!r}; {listed}: {', '.join(valid)}")
+        return value
+
+    @field_validator("feature_dim", "window_size")
+    @classmethod
+    def _at_least_one(cls, value: int, info) -> int:
+        if value < 1:
+            raise ValueError(f"{info.field_name} must be an integer >= 1, got {value!r}")
+        return value
+
+    @field_validator("init_mix")
+    @classmethod
+    def _open_unit_interval(cls, value: float) -> float:
+        if not 0.0 < value < 1.0:
+            raise ValueError(f"init_mix must be in (0, 1), got {value!r}")
+        return value
+
+    @field_validator("softmax_layers")
+    @classmethod
+    def _distinct_sorted(cls, layers: list[int]) -> list[int]:
+        duplicated = sorted({i for i in layers if layers.count(i) > 1})
+        if duplicated:
+            raise ValueError(f"softmax_layers lists layer(s) {duplicated} more than once: {layers}")
+        return sorted(layers)
+
+
+class Stage1Spec(_Spec):
+    enabled: bool = True
+    steps: int = Field(2000, ge=1)  # optimizer steps (recipe: 2 epochs of alpaca-cleaned)
+    lr: float = 1e-2
+    weight_decay: float = 0.0
+    batch_size: int = Field(1, ge=1)
+    grad_accum: int = Field(8, ge=1)
+    mse_factor: float = 1000.0
+    xent_factor: float = 0.0  # attention-map cross-entropy (405B recipe: 1); quadratic in seq_len
+    eval_every: int = Field(100, ge=1)
+    eval_blocks: int = Field(8, ge=1)
+    plateau_patience: int = 10
+    plateau_factor: float = 0.1
+    min_lr: float = 1e-5
+    layers_per_block: int | None = Field(None, ge=1)  # block-wise transfer (large models); None: all at once
+
+    _lr = field_validator("lr")(lambda v: _finite_positive("stage1.lr", v))
+
+
+class Stage2Spec(_Spec):
+    enabled: bool = True
+    steps: int = Field(2000, ge=1)
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    batch_size: int = Field(1, ge=1)
+    grad_accum: int = Field(8, ge=1)
+    rank: int = Field(8, ge=1)
+    alpha: float = 16.0
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    train_feature_maps: bool = False
+    eval_every: int = Field(100, ge=1)
+    eval_blocks: int = Field(8, ge=1)
+
+    _lr = field_validator("lr")(lambda v: _finite_positive("stage2.lr", v))
+
+
+class EvalSpec(_Spec):
+    ppl_blocks: int = Field(16, ge=1)  # held-out blocks of seq_len tokens for perplexity
+    mse_blocks: int = Field(4, ge=1)
+    passkey_lengths: list[int] = [256, 512, 1024]
+    passkey_depths: list[float] = [0.1, 0.5, 0.9]
+    passkey_trials: int = Field(2, ge=0)
+    samples: int = Field(3, ge=0)
+    max_new_tokens: int = Field(48, ge=1)
+
+
+class ConvertConfig(_Spec):
+    seed: int = 0
+    model: ModelSpec = ModelSpec()
+    data: DataSpec = DataSpec()
+    attention: AttentionSpec = AttentionSpec()
+    stage1: Stage1Spec = Stage1Spec()
+    stage2: Stage2Spec = Stage2Spec()
+    eval: EvalSpec = EvalSpec()
+
+    @model_validator(mode="after")
+    def _window_fits(self):
+        if self.attention.kind != "linear" and self.data.seq_len < self.attention.window_size:
+            raise ValueError(
+                f"data.seq_len ({self.data.seq_len}) is smaller than attention.window_size "
+                f"({self.attention.window_size}); raise seq_len or lower window_size"
+            )
+        return self
+
+
+def validation_problems(err: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
+    """Every problem as ``(dotted field, message)``; ``prefix`` leads every field path."""
+    problems = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"])
+        where = ".".join(part for part in (prefix, path) if part) or "config"
+        problems.append((where, e["msg"].removeprefix("Value error, ")))
+    return problems
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """One line: ``invalid config: field.path: message; ...``."""
+    return "invalid config: " + "; ".join(f"{field}: {msg}" for field, msg in validation_problems(err, prefix))
+
+
+SpecT = TypeVar("SpecT", bound=BaseModel)
+
+
+def build_spec(spec: type[SpecT], data: dict, prefix: str = "") -> SpecT:
+    """``spec`` validated from ``data``, or :class:`ConfigError` naming every bad field."""
+    try:
+        return spec.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, prefix)) from None
+
+
+def build_config(data: dict) -> ConvertConfig:
+    """The validated conversion config, or :class:`ConfigError` naming every bad field."""
+    return build_spec(ConvertConfig, data)

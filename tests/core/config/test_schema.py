@@ -1,0 +1,66 @@
+"""core.config: the schema's validation, the shared constants and the nested-dict helpers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.config import (
+    PRESET_DESCRIPTIONS,
+    PRESETS,
+    AttentionSpec,
+    ConfigError,
+    build_config,
+    build_spec,
+    config_diff,
+    deep_merge,
+    set_dotted,
+)
+from kernels.hybrid.window import KINDS
+
+
+def test_importing_the_config_loads_neither_torch_nor_transformers():
+    code = ("import sys, core.config; "
+            "loaded = [m for m in ('torch', 'transformers') if m in sys.modules]; "
+            "assert not loaded, loaded")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[3])
+
+
+def test_every_preset_has_a_one_line_description():
+    assert PRESET_DESCRIPTIONS.keys() == PRESETS.keys()
+    assert all(line and "\n" not in line for line in PRESET_DESCRIPTIONS.values())
+    for name in PRESETS:
+        build_config(PRESETS[name])  # every preset is a valid config
+
+
+def test_attention_spec_checks_and_sorts():
+    assert AttentionSpec(softmax_layers=[3, 0]).softmax_layers == [0, 3]
+    for kind in KINDS:
+        assert AttentionSpec(kind=kind).kind == kind
+    with pytest.raises(ValueError, match="unknown feature_init 'zeros'; valid: identity, random"):
+        AttentionSpec(feature_init="zeros")
+
+
+def test_build_spec_names_the_field_under_its_prefix():
+    with pytest.raises(ConfigError, match=r"^invalid config: linearize.kind: unknown attention kind 'quadratic'"):
+        build_spec(AttentionSpec, {"kind": "quadratic"}, "linearize")
+
+
+def test_deep_merge_and_set_dotted():
+    base = {"a": {"b": 1, "c": 2}, "d": 3}
+    assert deep_merge(base, {"a": {"b": 5}}) == {"a": {"b": 5, "c": 2}, "d": 3}
+    assert deep_merge(base, {"a": 7}) == {"a": 7, "d": 3}
+    assert set_dotted(base, "a.c", 9) == {"a": {"b": 1, "c": 9}, "d": 3}
+    assert set_dotted(base, "x.y.z", 1) == {**base, "x": {"y": {"z": 1}}}
+    assert set_dotted(base, "a", {"c": 0}) == {"a": {"b": 1, "c": 0}, "d": 3}
+    assert base == {"a": {"b": 1, "c": 2}, "d": 3}  # inputs are not modified
+
+
+def test_config_diff_of_dumped_configs():
+    old = build_config(PRESETS["tiny-test"]).model_dump()
+    new = build_config(deep_merge(PRESETS["tiny-test"], {"stage1": {"lr": 0.5}})).model_dump()
+    assert [str(c) for c in config_diff(old, new)] == ["stage1.lr: 0.01 -> 0.5"]
+    assert config_diff(old, old) == []
