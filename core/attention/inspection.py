@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from core.attention.effective import hybrid_attention_matrix, softmax_attention_matrix
+from kernels.hybrid.naive import hybrid_attention_matrix, softmax_attention_matrix
 from core.attention.layer import LolcatsAttention
 from core.attention.surgery import decoder_layers
 

@@ -30,8 +30,8 @@ def _clean_backend(monkeypatch):
 def spy_on_backends(monkeypatch):
     """Record which implementation core.attention.hybrid_attention reaches."""
     calls = []
-    triton_hybrid, _ = dispatch.load_triton()
-    real_torch, real_triton = dispatch.hybrid_attention_torch, triton_hybrid.hybrid_attention_triton
+    chunk_triton, _ = dispatch.load_triton()
+    real_torch, real_triton = dispatch.hybrid_attention_torch, chunk_triton.hybrid_attention_triton
 
     def torch_spy(*args, **kwargs):
         calls.append("torch")
@@ -42,7 +42,7 @@ def spy_on_backends(monkeypatch):
         return real_triton(*args, **kwargs)
 
     monkeypatch.setattr(dispatch, "hybrid_attention_torch", torch_spy)
-    monkeypatch.setattr(triton_hybrid, "hybrid_attention_triton", triton_spy)
+    monkeypatch.setattr(chunk_triton, "hybrid_attention_triton", triton_spy)
     return calls
 
 
@@ -122,7 +122,7 @@ def test_pytorch_form_needs_no_triton_import():
         "import os, sys; os.environ['LOLCATS_KERNELS'] = 'torch'; import torch; "
         "from core.attention import hybrid_attention; x = torch.rand(1, 1, 4, 8); "
         "hybrid_attention(x, x, x, x, x, torch.zeros(1), 'terraced', 2); "
-        "print('kernels.hybrid.triton_hybrid' in sys.modules, 'kernels._triton' in sys.modules)"
+        "print('kernels.hybrid.chunk_triton' in sys.modules, 'kernels._triton' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -135,12 +135,12 @@ def test_smoke_test_runs_forward_and_backward(monkeypatch):
     cpu = torch.device(DEVICE)
     assert dispatch._smoke_test(cpu, ("terraced", 16, 8, torch.float32, torch.float32)) is None
     assert dispatch._smoke_test(cpu, ("sliding_window", 16, 8, torch.bfloat16, torch.float32)) is None
-    triton_hybrid, _ = dispatch.load_triton()
+    chunk_triton, _ = dispatch.load_triton()
 
     def broken(*args, **kwargs):
         raise RuntimeError("ptxas fatal: unsupported target")
 
-    monkeypatch.setattr(triton_hybrid, "hybrid_attention_triton", broken)
+    monkeypatch.setattr(chunk_triton, "hybrid_attention_triton", broken)
     problem = dispatch._smoke_test(cpu, ("linear", 16, 8, torch.float32, torch.float32))
     assert "compiling or running the kernels failed" in problem and "ptxas fatal" in problem
 

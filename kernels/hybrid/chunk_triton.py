@@ -70,7 +70,7 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import INTERPRETER, tl, triton
-from kernels.hybrid.torch_chunked import left_align, restore_rows
+from kernels.hybrid.chunk_torch import left_align, restore_rows
 
 KIND_IDS = {"linear": 0, "sliding_window": 1, "terraced": 2}
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

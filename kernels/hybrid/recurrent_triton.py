@@ -1,6 +1,6 @@
 """Triton decode step for LoLCATs attention: fold, window softmax and readout of one token, fused.
 
-Same semantics and the same state as ``core.attention.recurrent.decode_step`` (read its module
+Same semantics and the same state as ``kernels.hybrid.recurrent_torch.decode_step`` (read its module
 docstring for the invariant). The state object is used as it is: ``S [B, H, F, d]`` and
 ``z [B, H, F]`` (float32), the window cache ``win_k``, ``win_v [B, H_kv, K, d]`` per KV head with
 ``win_pos``, ``win_valid [B, K]``, ``first [B]`` and ``seen``; a new state of the same class is
@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import INTERPRETER, tl, triton
+from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 
 
@@ -96,10 +97,13 @@ def hybrid_decode_kernel(
     tl.store(y + i_bh.to(tl.int64) * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
 
 
-def hybrid_decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale, *, inplace: bool = False):
+def decode_step_triton(
+    state: HybridState, kind: str, w: int, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
+    *, inplace: bool = False,
+) -> tuple[torch.Tensor, HybridState]:
     """One decode step through the Triton kernel; returns ``(y [B, H, 1, d], new_state)``.
 
-    Args mirror ``core.attention.recurrent.decode_step``:
+    Args mirror ``kernels.hybrid.recurrent_torch.decode_step``:
         state: the layer's ``HybridState`` (any object with its fields and constructor).
         kind, w: attention kind and window size.
         q: ``[B, H, 1, d]``; k, v: ``[B, H_kv, 1, d]``; q_feat: ``[B, H, 1, F]``.
@@ -165,8 +169,8 @@ def hybrid_decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_f
         HAS_WINDOW=kind != "linear" and K > 0,
         D=d, FD=Fd, BD=BD, BF=BF, BC=16, BK=BK, **launch,
     )
-    new_state = type(state)(S_out, z_out, win_k, win_v, win_pos, win_valid, first, state.seen + 1)
+    new_state = HybridState(S_out, z_out, win_k, win_v, win_pos, win_valid, first, state.seen + 1)
     return y, new_state
 
 
-__all__ = ["hybrid_decode_step_triton"]
+__all__ = ["decode_step_triton"]
