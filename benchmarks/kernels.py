@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.io import is_oom  # noqa: E402 (after the path setup)
+from kernels.hybrid.window import KINDS, window_start  # noqa: E402
 
 DEV = "cuda"  # "cpu" only for --cpu-smoke (Triton interpreter, tiny shapes, meaningless numbers)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -170,12 +171,8 @@ def run_step(fn, tensors, mask, backward: bool, **kw):
 
 
 # ----------------------------------------------------------------------------------------------
-# work model of the kernels (mirrors the loops in kernels/hybrid/triton_hybrid.py)
+# work model of the kernels (mirrors the loops in kernels/hybrid/chunk_triton.py)
 # ----------------------------------------------------------------------------------------------
-
-
-def _window_start(kind, w, n):
-    return {"linear": n + 1, "sliding_window": n - w + 1, "terraced": w * (n // w - 1)}[kind]
 
 
 def kernel_work(kind, B, H, Hkv, L, d, F, w, BT, BS, es, fes):
@@ -184,7 +181,7 @@ def kernel_work(kind, B, H, Hkv, L, d, F, w, BT, BS, es, fes):
     NC = -(-L // BT)
     for i in range(NC):
         t_first, t_last = i * BT, min(i * BT + BT, L) - 1
-        lb_first, lb_last = _window_start(kind, w, t_first), _window_start(kind, w, t_last)
+        lb_first, lb_last = window_start(kind, w, t_first), window_start(kind, w, t_last)
         k0 = max(lb_first, 0) // BT * BT
         if kind != "linear":
             fwd += len(range(max(lb_first, 0) // BS * BS, t_last + 1, BS)) * 2 * BT * BS * d  # pass 1
@@ -451,7 +448,7 @@ def summarize(prefill_rows) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
-    parser.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)

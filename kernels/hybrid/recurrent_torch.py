@@ -94,11 +94,15 @@ def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
     return HybridState(S, z, win_k, win_v, win_pos, win_valid, first, L)
 
 
-def decode_step_torch(state: HybridState, kind, w, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale):
+def decode_step_torch(
+    state: HybridState, kind: str, w: int, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
+) -> tuple[torch.Tensor, HybridState]:
     """Process one token for every row; returns y [B, H, 1, d] and the new state (which shares the
     window cache, updated in place, with ``state``).
 
-    q [B, H, 1, d], k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], valid [B] bool."""
+    q [B, H, 1, d], k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], mix [H] logits, valid [B] bool
+    (False for a padding token), key_features: raw keys [B, H_kv, C, d] -> [B, H, C, F] (phi_k per
+    query head, applied only to the keys folded into the state), scale: the score scale."""
     B, H, _, d = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
