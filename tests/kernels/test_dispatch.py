@@ -60,6 +60,39 @@ def test_env_switch_selects_the_backend(monkeypatch):
     assert_close("triton vs torch", torch.where(m, y_torch, 0), torch.where(m, y_triton, 0), 1e-5)
 
 
+@torch.no_grad()
+def test_decode_step_follows_the_same_switch(monkeypatch):
+    """dispatch.decode_step reaches the Triton or the PyTorch decode step by the same rule."""
+    from kernels.hybrid import recurrent_torch
+    from tests.kernels.hybrid.decoding import decode_case
+
+    _, recurrent_triton = dispatch.load_triton()
+    calls = []
+
+    def spy(module, name):
+        real = getattr(module, name)
+
+        def recorded(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+
+    spy(recurrent_torch, "decode_step_torch")
+    spy(recurrent_triton, "decode_step_triton")
+    case = decode_case("terraced", 4, T=1)
+    ys = []
+    for backend in ("torch", "triton", "auto"):
+        monkeypatch.setenv(dispatch.ENV_VAR, backend)
+        state = dispatch.prefill_state("terraced", 4, case.k, case.v, case.key_features(case.k), case.mask)
+        y, state = dispatch.decode_step(state, *case.step_args(0))
+        assert state.seen == case.k.shape[2] + 1
+        ys.append(y)
+    auto = "decode_step_triton" if DEVICE == "cuda" else "decode_step_torch"
+    assert calls == ["decode_step_torch", "decode_step_triton", auto]
+    assert_close("triton vs torch", ys[0], ys[1], 1e-5)
+
+
 def test_auto_uses_pytorch_on_cpu_even_with_the_interpreter(monkeypatch):
     monkeypatch.setenv(dispatch.ENV_VAR, "auto")
     assert dispatch.select_backend("cpu") == "torch"
