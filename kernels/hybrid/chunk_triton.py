@@ -401,7 +401,8 @@ def _pow2(n: int) -> int:
 
 
 def block_config(d: int, Fd: int, block_t: int | None = None, block_s: int | None = None, num_warps: int | None = None):
-    """(BT, BS, num_warps, num_stages) for head dim d and feature dim F (see the module docstring)."""
+    """(BT, BS, num_warps, num_stages) for head dim d and feature dim F: by default BT = 64, BS = 64
+    (32 when d or F > 64), 4 warps (8 when d or F > 64), 2 stages; block sizes are powers of two >= 16."""
     big = max(_pow2(d), _pow2(Fd)) > 64
     BT = block_t or 64
     BS = block_s or (32 if big else 64)
