@@ -266,7 +266,8 @@ def check_decode(args) -> dict:
             k, v = torch.randn(B, Hkv, P, d, device=DEV), torch.randn(B, Hkv, P, d, device=DEV)
             mask = torch.ones(B, P, dtype=torch.bool, device=DEV)
             mask[1, :13] = False
-            s_ref = s_tri = prefill_state(kind, w, k, v, key_features(k), mask)
+            # two states: each step writes its window cache in place
+            s_ref, s_tri = (prefill_state(kind, w, k, v, key_features(k), mask) for _ in range(2))
             worst = 0.0
             for _ in range(args.check_steps):
                 q1 = torch.randn(B, H, 1, d, device=DEV)
