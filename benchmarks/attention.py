@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.attention import hybrid_attention  # noqa: E402
-from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state  # noqa: E402
 from kernels.hybrid.naive import naive_hybrid_attention  # noqa: E402
+from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state  # noqa: E402
 from kernels.hybrid.window import KINDS  # noqa: E402
 
 B, H, HKV, D, F, W = 1, 9, 3, 64, 128, 64

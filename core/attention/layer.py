@@ -27,9 +27,9 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward, repeat_kv
 
+from core.attention.cache import hybrid_cache_layer
 from core.attention.feature_maps import build_feature_map
 from core.attention.functional import hybrid_attention
-from core.attention.cache import hybrid_cache_layer
 from kernels import dispatch
 
 MODES = ("student", "teacher", "distill")

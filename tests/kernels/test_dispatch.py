@@ -12,8 +12,8 @@ import torch
 
 from core.attention import hybrid_attention
 from kernels import dispatch
-from tests.kernels.conftest import DEVICE
 from tests.attention_inputs import make_inputs
+from tests.kernels.conftest import DEVICE
 from tests.kernels.utils import assert_close
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,6 @@ from kernels.hybrid.window import KINDS
 from tests.tiny_models import tiny_model
 
 
-
 def rel_err(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
