@@ -4,7 +4,7 @@ Prints and writes JSON (default ``benchmarks/results/attention-cpu.json``). Ever
 side by side in one run, on the current device (CPU unless CUDA is present):
 
 * prefill: time and peak memory of ``core.attention.hybrid_attention`` vs the naive oracle
-  (``tests/oracle.py``) at L = 1k, 4k, 16k, batch 1, 9 query heads / 3 KV heads, head dim 64,
+  (``kernels.hybrid.naive``) at L = 1k, 4k, 16k, batch 1, 9 query heads / 3 KV heads, head dim 64,
   F = 128, per kind. Each point runs in a fresh subprocess so its peak RSS (ru_maxrss) is its own;
   memory is reported as the peak increase over the inputs. Oracle points whose L x L matrices
   would not fit in half the machine's memory are recorded as skipped with the estimate.
@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.attention import hybrid_attention  # noqa: E402
-from core.attention.recurrent import decode_step, prefill_state  # noqa: E402
-from tests.oracle import naive_hybrid_attention  # noqa: E402
+from kernels.hybrid.naive import naive_hybrid_attention  # noqa: E402
+from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state  # noqa: E402
+from kernels.hybrid.window import KINDS  # noqa: E402
 
-KINDS = ["linear", "sliding_window", "terraced"]
 B, H, HKV, D, F, W = 1, 9, 3, 64, 128, 64
 
 
@@ -121,7 +121,7 @@ def run_decode(contexts, steps: int) -> list[dict]:
         for kind in KINDS:
             state = prefill_state(kind, W, kc, vc, kf[:, :, :L], mask)
             row[kind] = timed(
-                lambda: decode_step(state, kind, W, qt, kt, vt, qft, mix, torch.ones(B, dtype=torch.bool),
+                lambda: decode_step_torch(state, kind, W, qt, kt, vt, qft, mix, torch.ones(B, dtype=torch.bool),
                                     key_features, D**-0.5),
                 steps,
             )

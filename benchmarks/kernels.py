@@ -41,10 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.io import is_oom  # noqa: E402 (after the path setup)
+from kernels.hybrid.window import KINDS, window_start  # noqa: E402
 
 DEV = "cuda"  # "cpu" only for --cpu-smoke (Triton interpreter, tiny shapes, meaningless numbers)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-KINDS = ["sliding_window", "terraced", "linear"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -125,8 +125,8 @@ def make_inputs(B, H, Hkv, L, d, F, dtype, fdtype, requires_grad=False, pad=0, s
 
 
 def hybrid_impls(kind, w):
-    from kernels.hybrid.torch_chunked import hybrid_attention_torch
-    from kernels.hybrid.triton_hybrid import hybrid_attention_triton
+    from kernels.hybrid.chunk_torch import hybrid_attention_torch
+    from kernels.hybrid.chunk_triton import hybrid_attention_triton
 
     return {
         "triton": lambda t, mask, **kw: hybrid_attention_triton(*t, kind, w, mask, **kw),
@@ -171,12 +171,8 @@ def run_step(fn, tensors, mask, backward: bool, **kw):
 
 
 # ----------------------------------------------------------------------------------------------
-# work model of the kernels (mirrors the loops in kernels/hybrid/triton_hybrid.py)
+# work model of the kernels (mirrors the loops in kernels/hybrid/chunk_triton.py)
 # ----------------------------------------------------------------------------------------------
-
-
-def _window_start(kind, w, n):
-    return {"linear": n + 1, "sliding_window": n - w + 1, "terraced": w * (n // w - 1)}[kind]
 
 
 def kernel_work(kind, B, H, Hkv, L, d, F, w, BT, BS, es, fes):
@@ -185,7 +181,7 @@ def kernel_work(kind, B, H, Hkv, L, d, F, w, BT, BS, es, fes):
     NC = -(-L // BT)
     for i in range(NC):
         t_first, t_last = i * BT, min(i * BT + BT, L) - 1
-        lb_first, lb_last = _window_start(kind, w, t_first), _window_start(kind, w, t_last)
+        lb_first, lb_last = window_start(kind, w, t_first), window_start(kind, w, t_last)
         k0 = max(lb_first, 0) // BT * BT
         if kind != "linear":
             fwd += len(range(max(lb_first, 0) // BS * BS, t_last + 1, BS)) * 2 * BT * BS * d  # pass 1
@@ -224,8 +220,8 @@ def rel_rms(a, b):
 
 def check(args) -> dict:
     """Triton vs the PyTorch form on this device: outputs, gradients and decode."""
-    from kernels.hybrid.torch_chunked import hybrid_attention_torch
-    from kernels.hybrid.triton_hybrid import hybrid_attention_triton
+    from kernels.hybrid.chunk_torch import hybrid_attention_torch
+    from kernels.hybrid.chunk_triton import hybrid_attention_triton
 
     rows = {}
     B, H, Hkv, L, d, F = 3, 8, 2, args.check_length, args.head_dim, args.feature_dim
@@ -254,8 +250,8 @@ def check(args) -> dict:
 
 def check_decode(args) -> dict:
     from core.attention import HedgehogFeatureMap
-    from core.attention.recurrent import decode_step, prefill_state
-    from kernels.hybrid.triton_decode import hybrid_decode_step_triton
+    from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state
+    from kernels.hybrid.recurrent_triton import decode_step_triton
 
     B, H, Hkv, d, f, P = 4, 8, 2, args.head_dim, args.feature_dim // 2, 100
     G, w = H // Hkv, args.window
@@ -270,15 +266,16 @@ def check_decode(args) -> dict:
             k, v = torch.randn(B, Hkv, P, d, device=DEV), torch.randn(B, Hkv, P, d, device=DEV)
             mask = torch.ones(B, P, dtype=torch.bool, device=DEV)
             mask[1, :13] = False
-            s_ref = s_tri = prefill_state(kind, w, k, v, key_features(k), mask)
+            # two states: each step writes its window cache in place
+            s_ref, s_tri = (prefill_state(kind, w, k, v, key_features(k), mask) for _ in range(2))
             worst = 0.0
             for _ in range(args.check_steps):
                 q1 = torch.randn(B, H, 1, d, device=DEV)
                 k1, v1 = torch.randn(B, Hkv, 1, d, device=DEV), torch.randn(B, Hkv, 1, d, device=DEV)
                 valid = torch.ones(B, dtype=torch.bool, device=DEV)
                 a = (kind, w, q1, k1, v1, fq(q1), mix, valid, key_features, d**-0.5)
-                y_ref, s_ref = decode_step(s_ref, *a)
-                y_tri, s_tri = hybrid_decode_step_triton(s_tri, *a)
+                y_ref, s_ref = decode_step_torch(s_ref, *a)
+                y_tri, s_tri = decode_step_triton(s_tri, *a)
                 worst = max(worst, rel_rms(y_tri, y_ref), rel_rms(s_tri.S, s_ref.S))
             out[kind] = worst
             print(f"check decode {kind:15s}: worst relative RMS over {args.check_steps} steps {worst:.1e}", flush=True)
@@ -286,7 +283,7 @@ def check_decode(args) -> dict:
 
 
 def prefill(args, peaks) -> list[dict]:
-    from kernels.hybrid.triton_hybrid import block_config
+    from kernels.hybrid.chunk_triton import block_config
 
     rows = []
     dtype, fdtype = DTYPES[args.dtype], DTYPES[args.feature_dtype]
@@ -382,8 +379,8 @@ def capacity(args) -> list[dict]:
 
 
 def decode(args) -> list[dict]:
-    from core.attention.recurrent import decode_step, prefill_state
-    from kernels.hybrid.triton_decode import hybrid_decode_step_triton
+    from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state
+    from kernels.hybrid.recurrent_triton import decode_step_triton
 
     rows = []
     H, Hkv, d, F, w = args.heads, args.kv_heads, args.head_dim, args.feature_dim, args.window
@@ -403,8 +400,8 @@ def decode(args) -> list[dict]:
                 valid = torch.ones(B, dtype=torch.bool, device=DEV)
                 a = (kind, w, q1, k1, v1, qf1, mix, valid, feats, d**-0.5)
                 row = {"batch": B, "kind": kind}
-                row["torch_seconds"] = cuda_time(lambda: decode_step(state, *a), args.repeats * 5)
-                row["triton_seconds"] = cuda_time(lambda: hybrid_decode_step_triton(state, *a), args.repeats * 5)
+                row["torch_seconds"] = cuda_time(lambda: decode_step_torch(state, *a), args.repeats * 5)
+                row["triton_seconds"] = cuda_time(lambda: decode_step_triton(state, *a), args.repeats * 5)
                 row["speedup"] = row["torch_seconds"] / row["triton_seconds"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -452,7 +449,7 @@ def summarize(prefill_rows) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
-    parser.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)

@@ -1,23 +1,13 @@
-"""Choose between the Triton kernels and the PyTorch form of LoLCATs attention.
+"""Backend choice for hybrid attention: the Triton kernels or the PyTorch form, for prefill and decoding.
 
-Backends: ``triton`` (``kernels/hybrid/triton_hybrid.py``, ``triton_decode.py``) and ``torch``
-(``kernels/hybrid/torch_chunked.py``). The choice, in order of precedence:
-
-1. the ``backend`` argument of :func:`hybrid_attention` / :func:`select_backend`;
-2. :func:`set_backend` (a process-wide setting, e.g. from a config file);
-3. the ``LOLCATS_KERNELS`` environment variable: ``auto`` (default), ``triton`` or ``torch``.
-
-``auto`` uses Triton for CUDA tensors when Triton imports and a one-off smoke test (forward and
-backward on a tiny input with the call's kind, head dim, feature dim and dtypes) compiles, runs and
-agrees with the PyTorch form (otherwise it warns once and uses PyTorch), and PyTorch everywhere else.
-``triton`` forces the kernels and fails at the first call with one message naming the cause and the
-fix when they cannot run: Triton missing or broken, or tensors not on a CUDA device and Triton's
-CPU interpreter not enabled (``TRITON_INTERPRET=1`` before ``triton`` is first imported).
-``torch`` forces the PyTorch form.
-
-Decoding: :func:`decode_step_triton` returns the Triton decode step, a drop-in for
-``core.attention.recurrent.decode_step`` on the same state; a caller picks it with
-``select_backend(q.device) == "triton"``.
+Entry points: :func:`hybrid_attention` (a whole sequence, ``chunk_triton`` or ``chunk_torch``),
+:func:`decode_step` (one token against the recurrent state, ``recurrent_triton`` or
+``recurrent_torch``) and :func:`prefill_state` (the state a prefill leaves behind, PyTorch).
+The backend, in order of precedence: the ``backend`` argument; :func:`set_backend`; the
+``LOLCATS_KERNELS`` environment variable (``auto``, the default, ``triton`` or ``torch``).
+``auto`` picks Triton for CUDA tensors when a one-off smoke test passes (else it warns once and
+uses PyTorch) and PyTorch elsewhere; ``triton`` raises :class:`KernelBackendError` naming the cause
+and the fix when the kernels cannot run; ``torch`` forces the PyTorch form (docs/kernels.md).
 
 Importing this module never imports ``triton``.
 """
@@ -29,7 +19,9 @@ import warnings
 
 import torch
 
-from kernels.hybrid.torch_chunked import hybrid_attention_torch
+from kernels.hybrid import recurrent_torch
+from kernels.hybrid.chunk_torch import hybrid_attention_torch
+from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, prefill_state
 
 ENV_VAR = "LOLCATS_KERNELS"
 BACKENDS = ("auto", "triton", "torch")
@@ -66,12 +58,13 @@ def requested_backend(backend: str | None = None) -> str:
 
 
 def load_triton():
-    """Import the Triton kernel modules; raises :class:`KernelBackendError` with the fix if Triton is unusable."""
+    """Import the Triton kernel modules ``(chunk_triton, recurrent_triton)``; raises
+    :class:`KernelBackendError` with the fix if Triton is unusable."""
     try:
-        from kernels.hybrid import triton_decode, triton_hybrid
+        from kernels.hybrid import chunk_triton, recurrent_triton
     except ImportError as exc:
         raise KernelBackendError(str(exc)) from exc
-    return triton_hybrid, triton_decode
+    return chunk_triton, recurrent_triton
 
 
 def _triton_problem(device: torch.device) -> str | None:
@@ -108,7 +101,7 @@ def _smoke_test(device: torch.device, signature: tuple) -> str | None:
     if key not in _smoke:
         kind, d, Fd, dtype, fdtype = signature
         try:
-            triton_hybrid, _ = load_triton()
+            chunk_triton, _ = load_triton()
             g = torch.Generator(device="cpu").manual_seed(0)
             mask = torch.ones(2, 40, dtype=torch.long)
             mask[1, :5] = 0
@@ -118,7 +111,7 @@ def _smoke_test(device: torch.device, signature: tuple) -> str | None:
             mask = mask.to(device)
             with torch.inference_mode(False), torch.enable_grad():
                 outs = []
-                for fn in (triton_hybrid.hybrid_attention_triton, hybrid_attention_torch):
+                for fn in (chunk_triton.hybrid_attention_triton, hybrid_attention_torch):
                     leaves = [t.clone().requires_grad_() for t in inputs]
                     y = fn(*leaves, kind, 8, mask)
                     y.float().sum().backward()
@@ -161,28 +154,39 @@ def select_backend(device: torch.device | str, backend: str | None = None, signa
     return "triton"
 
 
+def _signature(kind: str, q: torch.Tensor, q_feat: torch.Tensor) -> tuple:
+    return (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype)
+
+
 def hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, *, backend=None):
     """Hybrid attention through the selected backend; arguments as ``core.attention.hybrid_attention``."""
-    signature = (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype)
-    if select_backend(q.device, backend, signature) == "triton":
-        triton_hybrid, _ = load_triton()
-        return triton_hybrid.hybrid_attention_triton(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)
+    if select_backend(q.device, backend, _signature(kind, q, q_feat)) == "triton":
+        chunk_triton, _ = load_triton()
+        return chunk_triton.hybrid_attention_triton(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)
     return hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)
 
 
-def decode_step_triton():
-    """The Triton decode step (same signature as ``core.attention.recurrent.decode_step``)."""
-    _, triton_decode = load_triton()
-    return triton_decode.hybrid_decode_step_triton
+def decode_step(
+    state: HybridState, kind: str, w: int, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
+    *, backend: str | None = None,
+) -> tuple[torch.Tensor, HybridState]:
+    """One decode step through the selected backend; arguments and result as
+    :func:`kernels.hybrid.recurrent_torch.decode_step_torch`."""
+    if select_backend(q.device, backend, _signature(kind, q, q_feat)) == "triton":
+        _, recurrent_triton = load_triton()
+        return recurrent_triton.decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale)
+    return recurrent_torch.decode_step_torch(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale)
 
 
 __all__ = [
     "BACKENDS",
     "ENV_VAR",
+    "HybridState",
     "KernelBackendError",
-    "decode_step_triton",
+    "decode_step",
     "hybrid_attention",
     "load_triton",
+    "prefill_state",
     "requested_backend",
     "select_backend",
     "set_backend",

@@ -1,4 +1,4 @@
-"""LoLCATs attention: feature maps, the functional hybrid form, recurrent decoding state."""
+"""LoLCATs attention in a model: feature maps, the validated functional form, the converted layer and its cache."""
 
 from core.attention.feature_maps import FEATURE_MAPS, HedgehogFeatureMap, T2RFeatureMap, build_feature_map
 from core.attention.functional import KINDS, hybrid_attention

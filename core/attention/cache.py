@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
-from core.attention.recurrent import HybridState
+from kernels.hybrid.recurrent_torch import HybridState
 
 
 class HybridCacheLayer(CacheLayerMixin):

@@ -1,7 +1,7 @@
 """Functional LoLCATs attention: validation and dispatch to an implementation.
 
 ``hybrid_attention`` is the one entry point used by the attention layers, the stage-1 loss and
-the tests. The math is written out in ``kernels/hybrid/torch_chunked.py``; in short, for query n
+the tests; for query n (``kernels/hybrid/chunk_torch.py``, docs/kernels.md)
 
     y_n = (sum_{j in W(n)} g_h exp(q_n.k_j/sqrt(d) - c_n) v_j + phi_q(q_n)^T S_hist(n))
           / (sum_{j in W(n)} g_h exp(q_n.k_j/sqrt(d) - c_n)   + phi_q(q_n)^T z_hist(n))
@@ -9,9 +9,8 @@ the tests. The math is written out in ``kernels/hybrid/torch_chunked.py``; in sh
 with g_h = sigmoid(mix_h), c_n the window max, one joint normaliser and the linear term not
 rescaled by exp(-c_n) (paper Eq. 6).
 
-Implementation: the Triton kernels for CUDA tensors, the PyTorch form elsewhere; the
-``LOLCATS_KERNELS`` environment variable (``auto``, ``triton``, ``torch``) forces either (see
-``kernels/dispatch.py``).
+Implementation: ``kernels.dispatch.hybrid_attention`` (the Triton kernels for CUDA tensors, the
+PyTorch form elsewhere; ``LOLCATS_KERNELS`` = ``auto``, ``triton`` or ``torch`` forces either).
 """
 
 from __future__ import annotations

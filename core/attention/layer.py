@@ -27,10 +27,9 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward, repeat_kv
 
+from core.attention.cache import hybrid_cache_layer
 from core.attention.feature_maps import build_feature_map
 from core.attention.functional import hybrid_attention
-from core.attention.recurrent import decode_step, prefill_state
-from core.attention.cache import hybrid_cache_layer
 from kernels import dispatch
 
 MODES = ("student", "teacher", "distill")
@@ -126,7 +125,7 @@ class LolcatsAttention(nn.Module):
             if layer is not None:
                 B, L = q.shape[0], q.shape[2]
                 m = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
-                layer.state = prefill_state(self.kind, self.window_size, k, v, kf, m)
+                layer.state = dispatch.prefill_state(self.kind, self.window_size, k, v, kf, m)
                 layer.is_initialized = True
             return y
         # state present: one token at a time (decoding; multi-token chunks are rare). Key features
@@ -136,10 +135,8 @@ class LolcatsAttention(nn.Module):
         B, L = q.shape[0], q.shape[2]
         valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
         key_features = lambda keys: self.feature_map_k(repeat_kv(keys, self.num_key_value_groups))
-        signature = (self.kind, self.head_dim, qf.shape[-1], q.dtype, qf.dtype)
-        step = dispatch.decode_step_triton() if dispatch.select_backend(q.device, signature=signature) == "triton" else decode_step
         for t in range(L):
-            y, layer.state = step(
+            y, layer.state = dispatch.decode_step(
                 layer.state, self.kind, self.window_size, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1],
                 qf[:, :, t : t + 1], self.mix, valid[:, t], key_features, self.scaling,
             )

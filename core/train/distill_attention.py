@@ -21,7 +21,7 @@ from torch import nn
 
 from safetensors.torch import load_file, save_file
 
-from core.attention.effective import hybrid_attention_matrix, softmax_attention_matrix
+from kernels.hybrid.naive import hybrid_attention_matrix, softmax_attention_matrix
 from core.train.checkpoint import load_checkpoint, save_checkpoint
 from core.config import Stage1Spec
 from core.attention.surgery import lolcats_modules, set_mode

@@ -22,5 +22,3 @@ def window_start(kind: str, w: int, pos):
     if kind == "sliding_window":
         return pos - w + 1
     return w * (pos // w - 1)
-
-

@@ -38,10 +38,10 @@ def _enable_interpreter() -> None:
         for name in list(sys.modules):
             if (name == "triton" or name.startswith("triton.")) and not name.startswith("triton._C"):
                 del sys.modules[name]
-        for name in ("kernels._triton", "kernels.hybrid.triton_hybrid", "kernels.hybrid.triton_decode"):
+        for name in ("kernels._triton", "kernels.hybrid.chunk_triton", "kernels.hybrid.recurrent_triton"):
             sys.modules.pop(name, None)
         hybrid = sys.modules.get("kernels.hybrid")
-        for attr in ("triton_hybrid", "triton_decode"):
+        for attr in ("chunk_triton", "recurrent_triton"):
             if hybrid is not None and hasattr(hybrid, attr):
                 delattr(hybrid, attr)
         assert _interpreting_triton_loaded()

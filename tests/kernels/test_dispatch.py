@@ -12,8 +12,8 @@ import torch
 
 from core.attention import hybrid_attention
 from kernels import dispatch
-from tests.kernels.conftest import DEVICE
 from tests.attention_inputs import make_inputs
+from tests.kernels.conftest import DEVICE
 from tests.kernels.utils import assert_close
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,8 +30,8 @@ def _clean_backend(monkeypatch):
 def spy_on_backends(monkeypatch):
     """Record which implementation core.attention.hybrid_attention reaches."""
     calls = []
-    triton_hybrid, _ = dispatch.load_triton()
-    real_torch, real_triton = dispatch.hybrid_attention_torch, triton_hybrid.hybrid_attention_triton
+    chunk_triton, _ = dispatch.load_triton()
+    real_torch, real_triton = dispatch.hybrid_attention_torch, chunk_triton.hybrid_attention_triton
 
     def torch_spy(*args, **kwargs):
         calls.append("torch")
@@ -42,7 +42,7 @@ def spy_on_backends(monkeypatch):
         return real_triton(*args, **kwargs)
 
     monkeypatch.setattr(dispatch, "hybrid_attention_torch", torch_spy)
-    monkeypatch.setattr(triton_hybrid, "hybrid_attention_triton", triton_spy)
+    monkeypatch.setattr(chunk_triton, "hybrid_attention_triton", triton_spy)
     return calls
 
 
@@ -58,6 +58,39 @@ def test_env_switch_selects_the_backend(monkeypatch):
     assert calls == ["torch", "triton", "triton" if DEVICE == "cuda" else "torch"]
     m = mask.bool()[:, None, :, None]
     assert_close("triton vs torch", torch.where(m, y_torch, 0), torch.where(m, y_triton, 0), 1e-5)
+
+
+@torch.no_grad()
+def test_decode_step_follows_the_same_switch(monkeypatch):
+    """dispatch.decode_step reaches the Triton or the PyTorch decode step by the same rule."""
+    from kernels.hybrid import recurrent_torch
+    from tests.kernels.hybrid.decoding import decode_case
+
+    _, recurrent_triton = dispatch.load_triton()
+    calls = []
+
+    def spy(module, name):
+        real = getattr(module, name)
+
+        def recorded(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+
+    spy(recurrent_torch, "decode_step_torch")
+    spy(recurrent_triton, "decode_step_triton")
+    case = decode_case("terraced", 4, T=1)
+    ys = []
+    for backend in ("torch", "triton", "auto"):
+        monkeypatch.setenv(dispatch.ENV_VAR, backend)
+        state = dispatch.prefill_state("terraced", 4, case.k, case.v, case.key_features(case.k), case.mask)
+        y, state = dispatch.decode_step(state, *case.step_args(0))
+        assert state.seen == case.k.shape[2] + 1
+        ys.append(y)
+    auto = "decode_step_triton" if DEVICE == "cuda" else "decode_step_torch"
+    assert calls == ["decode_step_torch", "decode_step_triton", auto]
+    assert_close("triton vs torch", ys[0], ys[1], 1e-5)
 
 
 def test_auto_uses_pytorch_on_cpu_even_with_the_interpreter(monkeypatch):
@@ -122,7 +155,7 @@ def test_pytorch_form_needs_no_triton_import():
         "import os, sys; os.environ['LOLCATS_KERNELS'] = 'torch'; import torch; "
         "from core.attention import hybrid_attention; x = torch.rand(1, 1, 4, 8); "
         "hybrid_attention(x, x, x, x, x, torch.zeros(1), 'terraced', 2); "
-        "print('kernels.hybrid.triton_hybrid' in sys.modules, 'kernels._triton' in sys.modules)"
+        "print('kernels.hybrid.chunk_triton' in sys.modules, 'kernels._triton' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -135,12 +168,12 @@ def test_smoke_test_runs_forward_and_backward(monkeypatch):
     cpu = torch.device(DEVICE)
     assert dispatch._smoke_test(cpu, ("terraced", 16, 8, torch.float32, torch.float32)) is None
     assert dispatch._smoke_test(cpu, ("sliding_window", 16, 8, torch.bfloat16, torch.float32)) is None
-    triton_hybrid, _ = dispatch.load_triton()
+    chunk_triton, _ = dispatch.load_triton()
 
     def broken(*args, **kwargs):
         raise RuntimeError("ptxas fatal: unsupported target")
 
-    monkeypatch.setattr(triton_hybrid, "hybrid_attention_triton", broken)
+    monkeypatch.setattr(chunk_triton, "hybrid_attention_triton", broken)
     problem = dispatch._smoke_test(cpu, ("linear", 16, 8, torch.float32, torch.float32))
     assert "compiling or running the kernels failed" in problem and "ptxas fatal" in problem
 

@@ -1,68 +1,16 @@
-"""Triton kernels for LoLCATs hybrid attention: forward and backward, all three kinds.
+"""The chunked form of hybrid attention as Triton kernels: forward and backward, all three kinds.
 
-Same semantics as the PyTorch form in ``kernels/hybrid/torch_chunked.py`` (read its docstring for
-the math); same layouts: q ``[B, H, L, d]``, k and v ``[B, H_kv, L, d]`` (GQA: query head h reads
-KV head ``h // G``, K/V are never repeated), q_feat and k_feat ``[B, H, L, F]``, mix ``[H]``,
-attention mask ``[B, L]``. Every kind is one rule: query n attends with softmax to the real keys
-``lb(n) <= j <= n`` (its window) and linearly to the real keys ``j < lb(n)`` (its history), with
+Same contract as :func:`kernels.hybrid.chunk_torch.hybrid_attention_torch` (equation there):
+q ``[B, H, L, d]``, k and v ``[B, H_kv, L, d]`` (query head h reads KV head ``h // G``; K/V are
+never repeated), q_feat and k_feat ``[B, H, L, F]``, mix ``[H]``, key mask ``[B, L]``. Query n
+attends with softmax to the real keys ``lb(n) <= j <= n`` and linearly to the real keys
+``j < lb(n)``, with lb = ``kernels.hybrid.window.window_start`` (its jit copy: ``_window_start``).
 
-    lb(n) = n + 1            (linear: empty window)
-    lb(n) = n - w + 1        (sliding_window)
-    lb(n) = w (n // w - 1)   (terraced: tiles of w from position 0)
-
-What is fused. One program per (batch x query head, query block of BT rows) computes, for its
-block, the window scores, the window max, the feature products of history keys that are not yet
-in a prefix state, the prefix-state readout and the joint normaliser, and writes the output:
-
-* ``hybrid_chunk_state_kernel``: per (batch x head, chunk of BT keys) the state increment
-  sum_j phi_k(k_j) v_j^T, sum_j phi_k(k_j) (F x d, F); an exclusive cumulative sum over chunks
-  (in PyTorch) gives the prefix state S_c, z_c of all keys before chunk c.
-* ``hybrid_fwd_kernel``: query block i starts its key loop at K0 = BT * (max(lb(i BT), 0) // BT):
-  keys before K0 are history for every query of the block and come from the prefix state S_K0;
-  the loop walks key blocks of BS from K0 up to the block's last query (for the default w = BT = 64:
-  the previous and the current block). Pass 1 finds the exact window max c_n (and its argmax);
-  pass 2 accumulates P = g exp(s - c) [window] + phi_q.phi_k [history] times v into ONE
-  accumulator and P into one normaliser, so y = (acc + phi_q S_K0) / (den + phi_q z_K0).
-  Two passes cost one extra q k^T product per key block but need no rescaling of the linear part
-  (which the paper's normaliser does not rescale by exp(-c_n)) and half the accumulators.
-* backward (recomputes the scores, never stores an L x L or L x w matrix; stores per query only
-  c_n, its argmax, the normaliser; prefix states are recomputed):
-  ``hybrid_bwd_dq_kernel`` per query block: dq, dq_feat, dc_n (the gradient through the window
-  max, which reaches the argmax key: added to dq in-kernel) and the block's prefix-state gradient
-  phi_q^T dy/den; ``hybrid_bwd_dkv_kernel`` per (batch x KV head, key block of BS): loops over
-  the G query heads of the KV head and the query blocks that see the key block, accumulating dk,
-  dv over the group (no atomics, no repeated K/V) and dk_feat per query head, plus the prefix-state
-  gradient of every later chunk (a reverse cumulative sum, in PyTorch). dmix is
-  (1 - g) * sum_n (-dc_n) (d y / d g has the same form as d y / d c).
-
-Block sizes: BT = 64 query rows (also the state chunk), BS = 64 keys (32 when d or F > 64),
-head dim and F padded to a power of two >= 16 (loads are masked), 4 warps (8 when d or F > 64),
-2 pipeline stages. These are starting points chosen without a GPU (``benchmarks/kernels.py
---sweep`` times others); if a GPU lacks the shared memory for them (Triton's OutOfResources),
-smaller tilings are tried and the one that works is remembered per shape and dtype.
-
-Precision: accumulation is float32. q, k, v share one dtype, the features another (the feature
-maps return float32 even for a half-precision model). Half-precision q, k, v feed the tensor cores
-in their own dtype (P, dS and dy/den are rounded to it for their products, as flash attention
-does); float32 operands next to them (features, prefix states) run in tf32. Float32 q, k, v make
-every product exact float32 ("ieee").
-
-Masks: the per-row roll of ``torch_chunked`` is kept in PyTorch around the kernels (rows are
-rolled so each row's first real token sits at index 0, computed, and rolled back; gradients flow
-back through the roll). Inside the kernels padded keys are loaded as zeros and excluded from
-window and history, so they contribute nothing and get zero gradients; a query with no real key
-gets output 0. Ties in the window max send the whole max gradient to the first maximal key
-(``torch.amax`` splits it evenly); exact ties only occur with duplicated keys.
-
-Pure ``linear`` runs through the same kernels (empty window: lb(n) = n + 1) rather than
-flash-linear-attention's ``chunk_linear_attn``: that package is not a dependency and could not be
-tested here without a GPU, it works in ``[B, T, H, K]`` with one value head per query head (GQA
-would need repeated V), and it takes no ``[B, L]`` key-padding mask; these kernels handle GQA and
-masks the same way for all kinds and are tested against the oracle.
-
-Memory: inputs and output, plus float32 prefix states ``[B, H, ceil(L / 64), F, d]`` (forward and
-backward, a few such buffers at once; 32 MiB each per (batch, head) at L = 32k, F = d = 128) and
-per-query float32 statistics.
+Kernels: ``hybrid_chunk_state_kernel`` (per-chunk state increments; PyTorch sums them into prefix
+states), ``hybrid_fwd_kernel`` (window max, then window and history in one accumulator),
+``hybrid_bwd_dq_kernel`` and ``hybrid_bwd_dkv_kernel`` (scores recomputed; per query only the
+window max, its argmax and the normaliser are saved). Accumulation is float32. What is fused, the
+tilings and the precision rules: docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -70,9 +18,10 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import INTERPRETER, tl, triton
-from kernels.hybrid.torch_chunked import left_align, restore_rows
+from kernels.hybrid.chunk_torch import left_align, restore_rows
+from kernels.hybrid.window import window_start
 
-KIND_IDS = {"linear": 0, "sliding_window": 1, "terraced": 2}
+KIND_IDS = {"linear": 0, "sliding_window": 1, "terraced": 2}  # the KIND constexpr of the kernels (_window_start)
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_DIM = 256  # head dim and feature dim; larger blocks would not fit on chip
 
@@ -84,7 +33,7 @@ MAX_DIM = 256  # head dim and feature dim; larger blocks would not fit on chip
 
 @triton.jit
 def _window_start(n, w, KIND: tl.constexpr):
-    """lb(n): first key position inside the window of query n (n >= 0)."""
+    """lb(n): first key position inside the window of query n (n >= 0); kernels.hybrid.window.window_start."""
     if KIND == 0:
         return n + 1
     elif KIND == 1:
@@ -119,15 +68,87 @@ def _dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def head_indices(i_bh, H, G):
+    """(batch row, query head, KV head) of the flat index i_bh = b * H + h."""
+    i_h = i_bh % H
+    return i_bh // H, i_h, i_h // G
+
+
+@triton.jit
+def head_ptr(x, i_b, i_h, s_b, s_h):
+    """Pointer to head i_h of batch row i_b of a [B, heads, L, D] tensor with strides s_b, s_h."""
+    return x + i_b * s_b + i_h * s_h
+
+
+@triton.jit
+def load_rows(p, o_r, s_r, o_c, m_r, m_c):
+    """Block [rows o_r, columns o_c] of the head at p (row stride s_r, unit column stride); 0 where masked."""
+    return tl.load(p + o_r[:, None].to(tl.int64) * s_r + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0)
+
+
+@triton.jit
 def _key_valid(kmask, i_b, o_k, L, HAS_MASK: tl.constexpr):
+    """Keys o_k that exist and are not padding."""
     m_k = o_k < L
     if HAS_MASK:
-        m_k = m_k & (tl.load(kmask + i_b.to(tl.int64) * L + o_k, mask=m_k, other=0) != 0)
+        m_k = m_k & (tl.load(kmask + i_b * L + o_k, mask=m_k, other=0) != 0)
     return m_k
 
 
+@triton.jit
+def _query_block(i_t, L, w, BT: tl.constexpr, KIND: tl.constexpr):
+    """Rows of query block i_t: (o_t, m_t, lb(o_t), lb of the first and last row, k0, k_end). The
+    block's key loop runs over [k0, k_end); keys before k0 (a state-chunk boundary) are history for
+    every row and come from the prefix state of chunk k0 // BT."""
+    o_t = i_t * BT + tl.arange(0, BT)
+    t_first = i_t * BT
+    t_last = tl.minimum(t_first + BT, L) - 1
+    lb_first = _window_start(t_first, w, KIND)
+    k0 = tl.maximum(lb_first, 0) // BT * BT
+    return o_t, o_t < L, _window_start(o_t, w, KIND), lb_first, _window_start(t_last, w, KIND), k0, t_last + 1
+
+
+@triton.jit
+def _window_mask(o_t, o_k, lb_q, m_k):
+    """[rows, keys]: real keys with lb(n) <= j <= n (softmax)."""
+    return (o_k[None, :] <= o_t[:, None]) & (o_k[None, :] >= lb_q[:, None]) & m_k[None, :]
+
+
+@triton.jit
+def _history_mask(o_k, lb_q, m_k):
+    """[rows, keys]: real keys with j < lb(n) (linear)."""
+    return (o_k[None, :] < lb_q[:, None]) & m_k[None, :]
+
+
+@triton.jit
+def _window_weights(b_q, b_k, b_c, b_g, m_w, scale, DOT: tl.constexpr):
+    """g exp(q k^T scale - c) on the window, 0 elsewhere."""
+    b_s = _dot(b_q, tl.trans(b_k), DOT) * scale
+    return b_g * tl.exp(tl.where(m_w, b_s - b_c[:, None], float("-inf")))
+
+
+@triton.jit
+def _state_offsets(i_bh, chunk, NC, o_f, o_d, D: tl.constexpr, FD: tl.constexpr):
+    """Offsets of the [F, d] and [F] state of ``chunk`` in buffers [B * H, NC, F, d] and [B * H, NC, F]."""
+    o_z = (i_bh * NC + chunk) * FD + o_f
+    return o_z[:, None] * D + o_d[None, :], o_z
+
+
+@triton.jit
+def load_state(S, z, i_bh, chunk, NC, o_f, o_d, m_f, m_d, D: tl.constexpr, FD: tl.constexpr):
+    o_S, o_z = _state_offsets(i_bh, chunk, NC, o_f, o_d, D, FD)
+    return tl.load(S + o_S, mask=m_f[:, None] & m_d[None, :], other=0), tl.load(z + o_z, mask=m_f, other=0)
+
+
+@triton.jit
+def store_state(S, z, b_S, b_z, i_bh, chunk, NC, o_f, o_d, m_f, m_d, D: tl.constexpr, FD: tl.constexpr):
+    o_S, o_z = _state_offsets(i_bh, chunk, NC, o_f, o_d, D, FD)
+    tl.store(S + o_S, b_S, mask=m_f[:, None] & m_d[None, :])
+    tl.store(z + o_z, b_z, mask=m_f)
+
+
 # --------------------------------------------------------------------------------------------
-# kernels
+# kernels (program ids are cast to int64 once: every offset derived from them is 64-bit)
 # --------------------------------------------------------------------------------------------
 
 
@@ -140,26 +161,22 @@ def hybrid_chunk_state_kernel(
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
 ):
     """Per chunk of BT keys: dS = sum_j phi_k(k_j) v_j^T [F, d], dz = sum_j phi_k(k_j) [F]."""
-    i_bh, i_c = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_kh = i_h // G
+    i_bh, i_c = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_h, i_kh = head_indices(i_bh, H, G)
     o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
     m_d, m_f = o_d < D, o_f < FD
-    p_kf0 = kf + i_b.to(tl.int64) * s_fb + i_h.to(tl.int64) * s_fh
-    p_v0 = v + i_b.to(tl.int64) * s_vb + i_kh.to(tl.int64) * s_vh
+    p_kf0 = head_ptr(kf, i_b, i_h, s_fb, s_fh)
+    p_v0 = head_ptr(v, i_b, i_kh, s_vb, s_vh)
     b_S = tl.zeros([BF, BD], dtype=tl.float32)
     b_z = tl.zeros([BF], dtype=tl.float32)
     for s0 in range(0, BT, BS):
         o_k = i_c * BT + s0 + tl.arange(0, BS)
         m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
-        b_kf = tl.load(p_kf0 + o_k[:, None].to(tl.int64) * s_fl + o_f[None, :], mask=m_k[:, None] & m_f[None, :], other=0)  # [BS, BF]
-        b_v = tl.load(p_v0 + o_k[:, None].to(tl.int64) * s_vl + o_d[None, :], mask=m_k[:, None] & m_d[None, :], other=0)  # [BS, BD]
-        b_kf = b_kf.to(tl.float32)
+        b_kf = load_rows(p_kf0, o_k, s_fl, o_f, m_k, m_f).to(tl.float32)  # [BS, BF]
+        b_v = load_rows(p_v0, o_k, s_vl, o_d, m_k, m_d)  # [BS, BD]
         b_S += _dot(tl.trans(b_kf), b_v.to(tl.float32), DOT)  # [BF, BD]
         b_z += tl.sum(b_kf, 0)
-    o_st = (i_bh.to(tl.int64) * NC + i_c) * FD
-    tl.store(dS + (o_st + o_f[:, None]) * D + o_d[None, :], b_S, mask=m_f[:, None] & m_d[None, :])
-    tl.store(dz + o_st + o_f, b_z, mask=m_f)
+    store_state(dS, dz, b_S, b_z, i_bh, i_c, NC, o_f, o_d, m_f, m_d, D, FD)
 
 
 @triton.jit
@@ -170,30 +187,17 @@ def hybrid_fwd_kernel(
     KIND: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
 ):
-    i_bh, i_t = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_kh = i_h // G
-    o_t = i_t * BT + tl.arange(0, BT)
+    i_bh, i_t = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_h, i_kh = head_indices(i_bh, H, G)
+    o_t, m_t, lb_q, lb_first, lb_last, k0, k_end = _query_block(i_t, L, w, BT, KIND)
     o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
-    m_t, m_d, m_f = o_t < L, o_d < D, o_f < FD
-
-    p_q = q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh + o_t[:, None].to(tl.int64) * s_ql + o_d[None, :]
-    p_qf = qf + i_b.to(tl.int64) * s_qfb + i_h.to(tl.int64) * s_qfh + o_t[:, None].to(tl.int64) * s_qfl + o_f[None, :]
-    p_k0 = k + i_b.to(tl.int64) * s_kb + i_kh.to(tl.int64) * s_kh
-    p_v0 = v + i_b.to(tl.int64) * s_vb + i_kh.to(tl.int64) * s_vh
-    p_kf0 = kf + i_b.to(tl.int64) * s_kfb + i_h.to(tl.int64) * s_kfh
-    b_q = tl.load(p_q, mask=m_t[:, None] & m_d[None, :], other=0)  # [BT, BD]
-    b_qf = tl.load(p_qf, mask=m_t[:, None] & m_f[None, :], other=0)  # [BT, BF]
+    m_d, m_f = o_d < D, o_f < FD
+    p_k0 = head_ptr(k, i_b, i_kh, s_kb, s_kh)
+    p_v0 = head_ptr(v, i_b, i_kh, s_vb, s_vh)
+    p_kf0 = head_ptr(kf, i_b, i_h, s_kfb, s_kfh)
+    b_q = load_rows(head_ptr(q, i_b, i_h, s_qb, s_qh), o_t, s_ql, o_d, m_t, m_d)  # [BT, BD]
+    b_qf = load_rows(head_ptr(qf, i_b, i_h, s_qfb, s_qfh), o_t, s_qfl, o_f, m_t, m_f)  # [BT, BF]
     b_g = tl.load(gate + i_h)
-
-    t_first = i_t * BT
-    t_last = tl.minimum(t_first + BT, L) - 1
-    lb_q = _window_start(o_t, w, KIND)  # [BT]
-    lb_first = _window_start(t_first, w, KIND)
-    lb_last = _window_start(t_last, w, KIND)
-    # keys before k0 are history for every query of the block: they come from the prefix state
-    k0 = tl.maximum(lb_first, 0) // BT * BT
-    k_end = t_last + 1
 
     # pass 1: the window max c_n and its argmax
     b_m = tl.full([BT], float("-inf"), dtype=tl.float32)
@@ -202,12 +206,11 @@ def hybrid_fwd_kernel(
         for ks in range(tl.maximum(lb_first, 0) // BS * BS, k_end, BS):
             o_k = ks + tl.arange(0, BS)
             m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
-            b_k = tl.load(p_k0 + o_k[:, None].to(tl.int64) * s_kl + o_d[None, :], mask=m_k[:, None] & m_d[None, :], other=0)
+            b_k = load_rows(p_k0, o_k, s_kl, o_d, m_k, m_d)
             b_s = _dot(b_q, tl.trans(b_k), DOT) * scale  # [BT, BS]
-            m_w = (o_k[None, :] <= o_t[:, None]) & (o_k[None, :] >= lb_q[:, None]) & m_k[None, :]
-            b_s = tl.where(m_w, b_s, float("-inf"))
+            b_s = tl.where(_window_mask(o_t, o_k, lb_q, m_k), b_s, float("-inf"))
             b_bm = tl.max(b_s, 1)
-            b_ba = tl.argmax(b_s, 1).to(tl.int32) + ks
+            b_ba = (tl.argmax(b_s, 1) + ks).to(tl.int32)
             upd = b_bm > b_m
             b_am = tl.where(upd, b_ba, b_am)
             b_m = tl.where(upd, b_bm, b_m)
@@ -217,35 +220,29 @@ def hybrid_fwd_kernel(
     b_acc = tl.zeros([BT, BD], dtype=tl.float32)
     b_den = tl.zeros([BT], dtype=tl.float32)
     if k0 > 0:
-        o_st = (i_bh.to(tl.int64) * NC + k0 // BT) * FD
-        b_S = tl.load(S + (o_st + o_f[:, None]) * D + o_d[None, :], mask=m_f[:, None] & m_d[None, :], other=0)  # [BF, BD]
-        b_z = tl.load(z + o_st + o_f, mask=m_f, other=0)  # [BF]
+        b_S, b_z = load_state(S, z, i_bh, k0 // BT, NC, o_f, o_d, m_f, m_d, D, FD)  # [BF, BD], [BF]
         b_qf32 = b_qf.to(tl.float32)
         b_acc += _dot(b_qf32, b_S, DOT)
         b_den += tl.sum(b_qf32 * b_z[None, :], 1)
     for ks in range(k0, k_end, BS):
         o_k = ks + tl.arange(0, BS)
         m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
-        b_v = tl.load(p_v0 + o_k[:, None].to(tl.int64) * s_vl + o_d[None, :], mask=m_k[:, None] & m_d[None, :], other=0)
+        b_v = load_rows(p_v0, o_k, s_vl, o_d, m_k, m_d)
         b_p = tl.zeros([BT, BS], dtype=tl.float32)
         if KIND != 0:
             if ks + BS > lb_first:
-                b_k = tl.load(p_k0 + o_k[:, None].to(tl.int64) * s_kl + o_d[None, :], mask=m_k[:, None] & m_d[None, :], other=0)
-                b_s = _dot(b_q, tl.trans(b_k), DOT) * scale
-                m_w = (o_k[None, :] <= o_t[:, None]) & (o_k[None, :] >= lb_q[:, None]) & m_k[None, :]
-                b_p = b_g * tl.exp(tl.where(m_w, b_s - b_c[:, None], float("-inf")))
+                b_k = load_rows(p_k0, o_k, s_kl, o_d, m_k, m_d)
+                b_p = _window_weights(b_q, b_k, b_c, b_g, _window_mask(o_t, o_k, lb_q, m_k), scale, DOT)
         if ks < lb_last:
-            b_kf = tl.load(p_kf0 + o_k[:, None].to(tl.int64) * s_kfl + o_f[None, :], mask=m_k[:, None] & m_f[None, :], other=0)
+            b_kf = load_rows(p_kf0, o_k, s_kfl, o_f, m_k, m_f)
             b_a = _dot(b_qf, tl.trans(b_kf), DOT)  # [BT, BS]
-            m_h = (o_k[None, :] < lb_q[:, None]) & m_k[None, :]
-            b_p += tl.where(m_h, b_a, 0.0)
+            b_p += tl.where(_history_mask(o_k, lb_q, m_k), b_a, 0.0)
         b_acc += _dot(b_p.to(b_v.dtype), b_v, DOT)
         b_den += tl.sum(b_p, 1)
 
     b_o = b_acc / tl.where(b_den > 0, b_den, 1.0)[:, None]
-    p_o = o + (i_bh.to(tl.int64) * L + o_t[:, None]) * D + o_d[None, :]
-    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
-    o_row = i_bh.to(tl.int64) * L + o_t
+    o_row = i_bh * L + o_t
+    tl.store(o + o_row[:, None] * D + o_d[None, :], b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
     tl.store(cmax + o_row, b_c, mask=m_t)
     tl.store(amax + o_row, b_am, mask=m_t)
     tl.store(den + o_row, b_den, mask=m_t)
@@ -260,22 +257,18 @@ def hybrid_bwd_dq_kernel(
     KIND: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
 ):
-    i_bh, i_t = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_kh = i_h // G
-    o_t = i_t * BT + tl.arange(0, BT)
+    i_bh, i_t = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_h, i_kh = head_indices(i_bh, H, G)
+    o_t, m_t, lb_q, lb_first, lb_last, k0, k_end = _query_block(i_t, L, w, BT, KIND)
     o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
-    m_t, m_d, m_f = o_t < L, o_d < D, o_f < FD
-
-    p_q = q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh + o_t[:, None].to(tl.int64) * s_ql + o_d[None, :]
-    p_qf = qf + i_b.to(tl.int64) * s_qfb + i_h.to(tl.int64) * s_qfh + o_t[:, None].to(tl.int64) * s_qfl + o_f[None, :]
-    p_k0 = k + i_b.to(tl.int64) * s_kb + i_kh.to(tl.int64) * s_kh
-    p_v0 = v + i_b.to(tl.int64) * s_vb + i_kh.to(tl.int64) * s_vh
-    p_kf0 = kf + i_b.to(tl.int64) * s_kfb + i_h.to(tl.int64) * s_kfh
-    o_row = i_bh.to(tl.int64) * L + o_t
-    b_q = tl.load(p_q, mask=m_t[:, None] & m_d[None, :], other=0)  # [BT, BD]
-    b_qf = tl.load(p_qf, mask=m_t[:, None] & m_f[None, :], other=0)  # [BT, BF]
-    b_dy = tl.load(dy + o_row[:, None] * D + o_d[None, :], mask=m_t[:, None] & m_d[None, :], other=0).to(tl.float32)
+    m_d, m_f = o_d < D, o_f < FD
+    p_k0 = head_ptr(k, i_b, i_kh, s_kb, s_kh)
+    p_v0 = head_ptr(v, i_b, i_kh, s_vb, s_vh)
+    p_kf0 = head_ptr(kf, i_b, i_h, s_kfb, s_kfh)
+    o_row = i_bh * L + o_t
+    b_q = load_rows(head_ptr(q, i_b, i_h, s_qb, s_qh), o_t, s_ql, o_d, m_t, m_d)  # [BT, BD]
+    b_qf = load_rows(head_ptr(qf, i_b, i_h, s_qfb, s_qfh), o_t, s_qfl, o_f, m_t, m_f)  # [BT, BF]
+    b_dy = load_rows(dy + i_bh * L * D, o_t, D, o_d, m_t, m_d).to(tl.float32)
     b_den = tl.load(den + o_row, mask=m_t, other=1.0)
     b_delta = tl.load(delta + o_row, mask=m_t, other=0.0)
     b_c = tl.load(cmax + o_row, mask=m_t, other=0.0)
@@ -285,44 +278,31 @@ def hybrid_bwd_dq_kernel(
     b_do = b_dy * (1.0 / tl.where(b_den > 0, b_den, 1.0))[:, None]  # [BT, BD] fp32
     b_doc = b_do.to(q.dtype.element_ty)
 
-    t_first = i_t * BT
-    t_last = tl.minimum(t_first + BT, L) - 1
-    lb_q = _window_start(o_t, w, KIND)
-    lb_first = _window_start(t_first, w, KIND)
-    lb_last = _window_start(t_last, w, KIND)
-    k0 = tl.maximum(lb_first, 0) // BT * BT
-    k_end = t_last + 1
-
     b_dq = tl.zeros([BT, BD], dtype=tl.float32)
     b_dqf = tl.zeros([BT, BF], dtype=tl.float32)
     b_r = tl.zeros([BT], dtype=tl.float32)  # sum_j Pw_nj dP_nj = -dL/dc_n
     if k0 > 0:
-        o_st = (i_bh.to(tl.int64) * NC + k0 // BT) * FD
-        b_S = tl.load(S + (o_st + o_f[:, None]) * D + o_d[None, :], mask=m_f[:, None] & m_d[None, :], other=0)  # [BF, BD]
-        b_z = tl.load(z + o_st + o_f, mask=m_f, other=0)
+        b_S, b_z = load_state(S, z, i_bh, k0 // BT, NC, o_f, o_d, m_f, m_d, D, FD)  # [BF, BD], [BF]
         b_dqf += _dot(b_do, tl.trans(b_S), DOT) - b_delta[:, None] * b_z[None, :]
     for ks in range(k0, k_end, BS):
         o_k = ks + tl.arange(0, BS)
         m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
-        b_v = tl.load(p_v0 + o_k[:, None].to(tl.int64) * s_vl + o_d[None, :], mask=m_k[:, None] & m_d[None, :], other=0)
+        b_v = load_rows(p_v0, o_k, s_vl, o_d, m_k, m_d)
         b_dp = _dot(b_doc, tl.trans(b_v), DOT) - b_delta[:, None]  # [BT, BS]
         if KIND != 0:
             if ks + BS > lb_first:
-                b_k = tl.load(p_k0 + o_k[:, None].to(tl.int64) * s_kl + o_d[None, :], mask=m_k[:, None] & m_d[None, :], other=0)
-                b_s = _dot(b_q, tl.trans(b_k), DOT) * scale
-                m_w = (o_k[None, :] <= o_t[:, None]) & (o_k[None, :] >= lb_q[:, None]) & m_k[None, :]
-                b_ds = b_g * tl.exp(tl.where(m_w, b_s - b_c[:, None], float("-inf"))) * b_dp
+                b_k = load_rows(p_k0, o_k, s_kl, o_d, m_k, m_d)
+                b_ds = _window_weights(b_q, b_k, b_c, b_g, _window_mask(o_t, o_k, lb_q, m_k), scale, DOT) * b_dp
                 b_r += tl.sum(b_ds, 1)
                 b_dq += _dot(b_ds.to(b_k.dtype), b_k, DOT)
         if ks < lb_last:
-            b_kf = tl.load(p_kf0 + o_k[:, None].to(tl.int64) * s_kfl + o_f[None, :], mask=m_k[:, None] & m_f[None, :], other=0)
-            m_h = (o_k[None, :] < lb_q[:, None]) & m_k[None, :]
-            b_da = tl.where(m_h, b_dp, 0.0)
+            b_kf = load_rows(p_kf0, o_k, s_kfl, o_f, m_k, m_f)
+            b_da = tl.where(_history_mask(o_k, lb_q, m_k), b_dp, 0.0)
             b_dqf += _dot(b_da.to(b_kf.dtype), b_kf, DOT)
     b_dc = -b_r
     if KIND != 0:
         # the window max c_n = s_{n, argmax}: its gradient reaches that one key
-        b_ka = tl.load(p_k0 + b_am[:, None].to(tl.int64) * s_kl + o_d[None, :], mask=m_t[:, None] & m_d[None, :], other=0)
+        b_ka = load_rows(p_k0, b_am, s_kl, o_d, m_t, m_d)
         b_dq += b_dc[:, None] * b_ka.to(tl.float32)
     b_dq *= scale
 
@@ -332,10 +312,7 @@ def hybrid_bwd_dq_kernel(
     # gradient of the prefix state this block read: dS = phi_q^T dy/den, dz = -phi_q^T delta
     b_dSb = _dot(tl.trans(b_qf), b_do.to(b_qf.dtype), DOT)  # [BF, BD]
     b_dzb = -tl.sum(b_qf.to(tl.float32) * b_delta[:, None], 0)
-    NT = tl.cdiv(L, BT)
-    o_st = (i_bh.to(tl.int64) * NT + i_t) * FD
-    tl.store(dSb + (o_st + o_f[:, None]) * D + o_d[None, :], b_dSb, mask=m_f[:, None] & m_d[None, :])
-    tl.store(dzb + o_st + o_f, b_dzb, mask=m_f)
+    store_state(dSb, dzb, b_dSb, b_dzb, i_bh, i_t, tl.cdiv(L, BT), o_f, o_d, m_f, m_d, D, FD)
 
 
 @triton.jit
@@ -347,7 +324,7 @@ def hybrid_bwd_dkv_kernel(
     KIND: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
 ):
-    i_bk, i_s = tl.program_id(0), tl.program_id(1)
+    i_bk, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     Hkv = H // G
     i_b, i_kh = i_bk // Hkv, i_bk % Hkv
     ks = i_s * BS
@@ -355,10 +332,8 @@ def hybrid_bwd_dkv_kernel(
     o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
     m_d, m_f = o_d < D, o_f < FD
     m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
-    p_k = k + i_b.to(tl.int64) * s_kb + i_kh.to(tl.int64) * s_kh + o_k[:, None].to(tl.int64) * s_kl + o_d[None, :]
-    p_v = v + i_b.to(tl.int64) * s_vb + i_kh.to(tl.int64) * s_vh + o_k[:, None].to(tl.int64) * s_vl + o_d[None, :]
-    b_k = tl.load(p_k, mask=m_k[:, None] & m_d[None, :], other=0)  # [BS, BD]
-    b_v = tl.load(p_v, mask=m_k[:, None] & m_d[None, :], other=0)  # [BS, BD]
+    b_k = load_rows(head_ptr(k, i_b, i_kh, s_kb, s_kh), o_k, s_kl, o_d, m_k, m_d)  # [BS, BD]
+    b_v = load_rows(head_ptr(v, i_b, i_kh, s_vb, s_vh), o_k, s_vl, o_d, m_k, m_d)  # [BS, BD]
 
     # query blocks whose key loop contains this key block: from the block holding key ks to the
     # last block whose loop starts at or before the state chunk of ks
@@ -371,22 +346,15 @@ def hybrid_bwd_dkv_kernel(
     for i_g in range(0, G):
         i_h = i_kh * G + i_g
         i_bh = i_b * H + i_h
-        p_kf = kf + i_b.to(tl.int64) * s_kfb + i_h.to(tl.int64) * s_kfh + o_k[:, None].to(tl.int64) * s_kfl + o_f[None, :]
-        b_kf = tl.load(p_kf, mask=m_k[:, None] & m_f[None, :], other=0)  # [BS, BF]
+        b_kf = load_rows(head_ptr(kf, i_b, i_h, s_kfb, s_kfh), o_k, s_kfl, o_f, m_k, m_f)  # [BS, BF]
         b_g = tl.load(gate + i_h)
-        p_q0 = q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh
-        p_qf0 = qf + i_b.to(tl.int64) * s_qfb + i_h.to(tl.int64) * s_qfh
+        p_q0 = head_ptr(q, i_b, i_h, s_qb, s_qh)
+        p_qf0 = head_ptr(qf, i_b, i_h, s_qfb, s_qfh)
         b_dkf = tl.zeros([BS, BF], dtype=tl.float32)
         for i_t in range(i_lo, i_hi + 1):
-            o_t = i_t * BT + tl.arange(0, BT)
-            m_t = o_t < L
-            o_row = i_bh.to(tl.int64) * L + o_t
-            t_first = i_t * BT
-            t_last = tl.minimum(t_first + BT, L) - 1
-            lb_q = _window_start(o_t, w, KIND)
-            lb_first = _window_start(t_first, w, KIND)
-            lb_last = _window_start(t_last, w, KIND)
-            b_dy = tl.load(dy + o_row[:, None] * D + o_d[None, :], mask=m_t[:, None] & m_d[None, :], other=0).to(tl.float32)
+            o_t, m_t, lb_q, lb_first, lb_last, _, _ = _query_block(i_t, L, w, BT, KIND)
+            o_row = i_bh * L + o_t
+            b_dy = load_rows(dy + i_bh * L * D, o_t, D, o_d, m_t, m_d).to(tl.float32)
             b_den = tl.load(den + o_row, mask=m_t, other=1.0)
             b_delta = tl.load(delta + o_row, mask=m_t, other=0.0)
             b_doc = (b_dy * (1.0 / tl.where(b_den > 0, b_den, 1.0))[:, None]).to(b_k.dtype)  # [BT, BD]
@@ -394,35 +362,31 @@ def hybrid_bwd_dkv_kernel(
             b_p = tl.zeros([BT, BS], dtype=tl.float32)
             if KIND != 0:
                 if ks + BS > lb_first:
-                    b_q = tl.load(p_q0 + o_t[:, None].to(tl.int64) * s_ql + o_d[None, :], mask=m_t[:, None] & m_d[None, :], other=0)
+                    b_q = load_rows(p_q0, o_t, s_ql, o_d, m_t, m_d)
                     b_c = tl.load(cmax + o_row, mask=m_t, other=0.0)
                     b_am = tl.load(amax + o_row, mask=m_t, other=-1)
                     b_dc = tl.load(dc + o_row, mask=m_t, other=0.0)
-                    b_s = _dot(b_q, tl.trans(b_k), DOT) * scale
-                    m_w = (o_k[None, :] <= o_t[:, None]) & (o_k[None, :] >= lb_q[:, None]) & m_k[None, :]
-                    b_p = b_g * tl.exp(tl.where(m_w, b_s - b_c[:, None], float("-inf")))
+                    b_p = _window_weights(b_q, b_k, b_c, b_g, _window_mask(o_t, o_k, lb_q, m_k), scale, DOT)
                     b_ds = b_p * b_dp + tl.where(o_k[None, :] == b_am[:, None], b_dc[:, None], 0.0)
                     b_dk += _dot(tl.trans(b_ds.to(b_q.dtype)), b_q, DOT)
             if ks < lb_last:
-                b_qf = tl.load(p_qf0 + o_t[:, None].to(tl.int64) * s_qfl + o_f[None, :], mask=m_t[:, None] & m_f[None, :], other=0)
-                m_h = (o_k[None, :] < lb_q[:, None]) & m_k[None, :]
+                b_qf = load_rows(p_qf0, o_t, s_qfl, o_f, m_t, m_f)
+                m_h = _history_mask(o_k, lb_q, m_k)
                 b_a = _dot(b_qf, tl.trans(b_kf), DOT)
                 b_p += tl.where(m_h, b_a, 0.0)
                 b_da = tl.where(m_h, b_dp, 0.0)
                 b_dkf += _dot(tl.trans(b_da.to(b_qf.dtype)), b_qf, DOT)
             b_dv += _dot(tl.trans(b_p.to(b_doc.dtype)), b_doc, DOT)
         # the keys of this block sit in every prefix state after their chunk
-        o_st = (i_bh.to(tl.int64) * NC + ks // BT) * FD
-        b_dS = tl.load(dSr + (o_st + o_f[:, None]) * D + o_d[None, :], mask=m_f[:, None] & m_d[None, :], other=0)  # [BF, BD]
-        b_dz = tl.load(dzr + o_st + o_f, mask=m_f, other=0)
+        b_dS, b_dz = load_state(dSr, dzr, i_bh, ks // BT, NC, o_f, o_d, m_f, m_d, D, FD)  # [BF, BD], [BF]
         b_dkf += _dot(b_v.to(tl.float32), tl.trans(b_dS), DOT) + b_dz[None, :]
         b_dv += _dot(b_kf.to(tl.float32), b_dS, DOT)
         b_dkf = tl.where(m_k[:, None], b_dkf, 0.0)
-        p_dkf = dkf + (i_bh.to(tl.int64) * L + o_k[:, None]) * FD + o_f[None, :]
+        p_dkf = dkf + (i_bh * L + o_k[:, None]) * FD + o_f[None, :]
         tl.store(p_dkf, b_dkf.to(dkf.dtype.element_ty), mask=(o_k[:, None] < L) & m_f[None, :])
     b_dk = tl.where(m_k[:, None], b_dk * scale, 0.0)
     b_dv = tl.where(m_k[:, None], b_dv, 0.0)
-    o_kv = (i_bk.to(tl.int64) * L + o_k[:, None]) * D + o_d[None, :]
+    o_kv = (i_bk * L + o_k[:, None]) * D + o_d[None, :]
     tl.store(dk + o_kv, b_dk.to(dk.dtype.element_ty), mask=(o_k[:, None] < L) & m_d[None, :])
     tl.store(dv + o_kv, b_dv.to(dv.dtype.element_ty), mask=(o_k[:, None] < L) & m_d[None, :])
 
@@ -437,7 +401,8 @@ def _pow2(n: int) -> int:
 
 
 def block_config(d: int, Fd: int, block_t: int | None = None, block_s: int | None = None, num_warps: int | None = None):
-    """(BT, BS, num_warps, num_stages) for head dim d and feature dim F (see the module docstring)."""
+    """(BT, BS, num_warps, num_stages) for head dim d and feature dim F: by default BT = 64, BS = 64
+    (32 when d or F > 64), 4 warps (8 when d or F > 64), 2 stages; block sizes are powers of two >= 16."""
     big = max(_pow2(d), _pow2(Fd)) > 64
     BT = block_t or 64
     BS = block_s or (32 if big else 64)
@@ -524,8 +489,7 @@ def _prefix_states(kf, v, kmask, G, NC, consts):
 
 def _state_chunk_of_block(kind: str, w: int, NT: int, BT: int, device) -> torch.Tensor:
     """Index of the prefix state each query block reads: max(lb(i BT), 0) // BT (as in the kernels)."""
-    n = torch.arange(NT, device=device) * BT
-    lb = {"linear": n + 1, "sliding_window": n - w + 1, "terraced": w * (torch.div(n, w, rounding_mode="floor") - 1)}[kind]
+    lb = window_start(kind, w, torch.arange(NT, device=device) * BT)
     return torch.div(lb.clamp(min=0), BT, rounding_mode="floor")
 
 

@@ -1,26 +1,16 @@
-"""Efficient PyTorch form of LoLCATs hybrid attention (banded window + chunked linear).
+"""The chunked (parallel) form of hybrid attention in PyTorch: banded window plus chunked linear part.
 
-This is the reference the Triton kernels are tested against and the path used on CPU.
-Notation: B batch, H query heads, Hkv key/value heads (H = Hkv * G), L length, d head dim,
-F feature dim, w window size. Inputs are ``[B, H, L, d]`` (q), ``[B, Hkv, L, d]`` (k, v),
-``[B, H, L, F]`` (feature maps per query head), ``[H]`` (mix logits), ``[B, L]`` (key mask).
-
-For query n, with s_nj = q_n.k_j * scale, g = sigmoid(mix), window W(n) and history Hist(n):
+Inputs q ``[B, H, L, d]``, k and v ``[B, H_kv, L, d]`` (H = H_kv G), q_feat and k_feat
+``[B, H, L, F]``, mix ``[H]``, key mask ``[B, L]``. For query n with s_nj = q_n.k_j * scale,
+g = sigmoid(mix), window W(n) and history Hist(n) (``kernels.hybrid.window``):
 
     c_n = max_{j in W(n)} s_nj
     y_n = (sum_{j in W(n)} g exp(s_nj - c_n) v_j + sum_{j in Hist(n)} (phi_q(q_n).phi_k(k_j)) v_j)
           / (sum_{j in W(n)} g exp(s_nj - c_n)    + sum_{j in Hist(n)}  phi_q(q_n).phi_k(k_j))
 
-Positions count from each row's first real token (its position 0): the row is rolled so that
-token sits at index 0, computed, and rolled back. Padded keys contribute nothing.
-  * ``linear``:         W(n) empty;                     Hist(n) = {j <= n}
-  * ``sliding_window``: W(n) = {n-w < j <= n};          Hist(n) = {j <= n-w}
-  * ``terraced``:       tiles of w from position 0; W(n) = previous tile + current tile up to n;
-                        Hist(n) = all tiles before the previous one.
-
-Each part's numerator and denominator come from one product with the augmented values [v_j, 1].
-Memory is O(L w) for the window part and O(L/C F d) for the linear part: no L x L tensor.
-Half-precision inputs are computed in float32 and the result is cast back.
+Positions count from each row's first real token; padded keys contribute nothing. Memory is
+O(L w) for the window part and O(L / C F d) for the linear part; half-precision inputs are
+computed in float32 and the result cast back. How: docs/kernels.md.
 """
 
 from __future__ import annotations

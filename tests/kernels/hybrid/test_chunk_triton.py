@@ -1,4 +1,4 @@
-"""Triton hybrid attention (forward and backward) against the naive oracle and the PyTorch form.
+"""The Triton chunked kernels (forward and backward) against the naive reference and the PyTorch form.
 
 Runs on CUDA when present, otherwise through Triton's CPU interpreter (see conftest.py), at small
 shapes. Gradients use a cotangent that is zero at padded queries (their outputs are unspecified).
@@ -7,18 +7,17 @@ shapes. Gradients use a cotangent that is zero at padded queries (their outputs 
 import pytest
 import torch
 
-from kernels.hybrid.torch_chunked import hybrid_attention_torch
-from kernels.hybrid.triton_hybrid import hybrid_attention_triton
-from tests.kernels.conftest import DEVICE
+from kernels.hybrid.chunk_torch import hybrid_attention_torch
+from kernels.hybrid.chunk_triton import hybrid_attention_triton
+from kernels.hybrid.naive import naive_hybrid_attention
+from kernels.hybrid.window import KINDS
 from tests.attention_inputs import make_inputs
+from tests.kernels.conftest import DEVICE
 from tests.kernels.utils import GRAD_NAMES, assert_close, forward_backward
-from tests.oracle import naive_hybrid_attention
-
-KINDS = ["linear", "sliding_window", "terraced"]
 
 
 def check(kind, w, tensors, mask, *, ratio, grad_ratio, against_torch=True, atol=1e-6, **kernel_kwargs):
-    """Output and all six gradients vs the float64 oracle (real queries) and vs torch_chunked."""
+    """Output and all six gradients vs the float64 naive reference (real queries) and vs chunk_torch."""
     torch.manual_seed(0)
     q = tensors[0]
     dy = torch.randn(q.shape, dtype=torch.float32) * mask.cpu()[:, None, :, None]
@@ -32,9 +31,9 @@ def check(kind, w, tensors, mask, *, ratio, grad_ratio, against_torch=True, atol
         assert_close(name, ref, got, grad_ratio, atol)
     if against_torch:
         y_t, g_t = forward_backward(hybrid_attention_torch, tensors, mask, dy.to(q.device), kind=kind, window_size=w)
-        assert_close("o vs torch_chunked", y_t, y, ratio)
+        assert_close("o vs chunk_torch", y_t, y, ratio)
         for name, ref, got in zip(GRAD_NAMES, g_t, grads):
-            assert_close(f"{name} vs torch_chunked", ref, got, grad_ratio, atol)
+            assert_close(f"{name} vs chunk_torch", ref, got, grad_ratio, atol)
 
 
 @pytest.mark.parametrize("L", [1, 63, 100], ids=lambda L: f"T{L}")
@@ -108,7 +107,7 @@ def test_falls_back_to_a_smaller_tiling_when_out_of_resources(monkeypatch):
     """A tiling the GPU cannot hold (OutOfResources at launch) is retried smaller, then remembered."""
     import triton
 
-    import kernels.hybrid.triton_hybrid as th
+    import kernels.hybrid.chunk_triton as th
 
     real, tried = th._forward, []
 

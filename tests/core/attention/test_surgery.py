@@ -7,9 +7,8 @@ import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
 
 import core
+from kernels.hybrid.window import KINDS
 from tests.tiny_models import tiny_model
-
-KINDS = ["linear", "sliding_window", "terraced"]
 
 
 def rel_err(a, b):

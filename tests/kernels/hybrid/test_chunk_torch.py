@@ -1,13 +1,12 @@
-"""Every attention kind against the naive quadratic oracle, on random inputs with left padding."""
+"""The PyTorch chunked form against the naive quadratic reference, on random inputs with left padding."""
 
 import pytest
 import torch
 
-from core.attention import build_feature_map, hybrid_attention
+from kernels.hybrid.chunk_torch import hybrid_attention_torch
+from kernels.hybrid.naive import naive_hybrid_attention, naive_softmax_attention
+from kernels.hybrid.window import KINDS
 from tests.attention_inputs import make_inputs
-from tests.oracle import naive_hybrid_attention, naive_softmax_attention
-
-KINDS = ["linear", "sliding_window", "terraced"]
 
 
 def rel_err(a, b, mask=None):
@@ -22,7 +21,7 @@ def rel_err(a, b, mask=None):
 @pytest.mark.parametrize("L", [1, 63, 64, 65, 127, 128, 300])
 def test_matches_oracle_with_left_padding(kind, L):
     q, k, v, qf, kf, mix, mask = make_inputs(3, 4, 2, L, 16, 8, pads=[min(p, L - 1) for p in (0, 5, 70)])
-    y = hybrid_attention(q, k, v, qf, kf, mix, kind, window_size=64, attention_mask=mask)
+    y = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, window_size=64, attention_mask=mask)
     ref = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 64, mask)
     assert torch.isfinite(y).all()
     assert rel_err(y, ref, mask) <= 1e-5
@@ -32,7 +31,7 @@ def test_matches_oracle_with_left_padding(kind, L):
 @pytest.mark.parametrize("window", [1, 5, 16])
 def test_other_windows_t2r_and_no_mask(kind, window):
     q, k, v, qf, kf, mix, _ = make_inputs(2, 6, 3, 50, 8, 12, feature_map="t2r", seed=1)
-    y = hybrid_attention(q, k, v, qf, kf, mix, kind, window_size=window)
+    y = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, window_size=window)
     ref = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, window)
     assert rel_err(y, ref) <= 1e-5
 
@@ -43,7 +42,7 @@ def test_padding_in_the_middle_and_right(kind):
     mask = torch.ones(2, 90, dtype=torch.long)
     mask[0, 30:34] = 0
     mask[1, 70:] = 0
-    y = hybrid_attention(q, k, v, qf, kf, mix, kind, window_size=16, attention_mask=mask)
+    y = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, window_size=16, attention_mask=mask)
     ref = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 16, mask)
     assert rel_err(y, ref, mask) <= 1e-5
 
@@ -52,12 +51,12 @@ def test_padding_in_the_middle_and_right(kind):
 def test_causal(kind):
     """Changing tokens after position n leaves outputs up to n unchanged."""
     q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 150, 16, 8, pads=[0, 9])
-    y = hybrid_attention(q, k, v, qf, kf, mix, kind, 32, mask)
+    y = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, 32, mask)
     n = 77
     q2, k2, v2, qf2, kf2 = (t.clone() for t in (q, k, v, qf, kf))
     for t in (q2, k2, v2, qf2, kf2):
         t[:, :, n + 1 :] = torch.rand_like(t[:, :, n + 1 :]) * 3
-    y2 = hybrid_attention(q2, k2, v2, qf2, kf2, mix, kind, 32, mask)
+    y2 = hybrid_attention_torch(q2, k2, v2, qf2, kf2, mix, kind, 32, mask)
     assert rel_err(y2[:, :, : n + 1], y[:, :, : n + 1], mask[:, : n + 1]) <= 1e-6
     assert not torch.allclose(y[:, :, n + 1 :], y2[:, :, n + 1 :])
 
@@ -68,15 +67,15 @@ def test_padded_row_equals_row_alone(kind):
     pad = 37
     padded = [torch.cat([torch.randn(1, t.shape[1], pad, t.shape[3]).abs(), t], dim=2) for t in (q, k, v, qf, kf)]
     mask = torch.cat([torch.zeros(1, pad), torch.ones(1, 100)], dim=1).long()
-    alone = hybrid_attention(q, k, v, qf, kf, mix, kind, 32)
-    y = hybrid_attention(*padded, mix, kind, 32, mask)
+    alone = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, 32)
+    y = hybrid_attention_torch(*padded, mix, kind, 32, mask)
     assert rel_err(y[:, :, pad:], alone) <= 1e-6
 
 
 def test_window_covering_sequence_is_softmax():
     """With history empty (sliding window longer than the input) the hybrid is softmax attention."""
     q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 40, 16, 8, pads=[0, 11])
-    y = hybrid_attention(q, k, v, qf, kf, mix, "sliding_window", 64, mask)
+    y = hybrid_attention_torch(q, k, v, qf, kf, mix, "sliding_window", 64, mask)
     ref = naive_softmax_attention(q, k, v, mask)
     assert rel_err(y, ref, mask) <= 1e-5
 
@@ -84,7 +83,7 @@ def test_window_covering_sequence_is_softmax():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_accumulates_in_float32(dtype):
     q, k, v, qf, kf, mix, mask = make_inputs(1, 2, 1, 200, 16, 8, pads=[3])
-    y = hybrid_attention(q.to(dtype), k.to(dtype), v.to(dtype), qf.to(dtype), kf.to(dtype), mix, "terraced", 64, mask)
+    y = hybrid_attention_torch(q.to(dtype), k.to(dtype), v.to(dtype), qf.to(dtype), kf.to(dtype), mix, "terraced", 64, mask)
     assert y.dtype == dtype
     ref = naive_hybrid_attention(q.to(dtype), k.to(dtype), v.to(dtype), qf.to(dtype), kf.to(dtype), mix, "terraced", 64, mask)
     assert rel_err(y, ref, mask) <= 2e-2
@@ -95,7 +94,7 @@ def test_wide_score_range_matches_oracle(kind):
     """Scores spread over hundreds of units: the window weights far below the row maximum
     (floored for speed on CPUs) still give the oracle's outputs."""
     q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 150, 16, 8, pads=[0, 9], seed=5)
-    y = hybrid_attention(q * 12, k * 12, v, qf, kf, mix, kind, window_size=32, attention_mask=mask)
+    y = hybrid_attention_torch(q * 12, k * 12, v, qf, kf, mix, kind, window_size=32, attention_mask=mask)
     ref = naive_hybrid_attention(q * 12, k * 12, v, qf, kf, mix, kind, 32, mask)
     assert rel_err(y, ref, mask) <= 1e-5
 
@@ -104,7 +103,7 @@ def test_wide_score_range_matches_oracle(kind):
 def test_gradients_match_oracle(kind):
     q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 70, 8, 8, pads=[0, 4])
     leaves = [t.clone().requires_grad_() for t in (q, k, v, qf, kf, mix)]
-    y = hybrid_attention(*leaves[:5], leaves[5], kind, 16, mask)
+    y = hybrid_attention_torch(*leaves[:5], leaves[5], kind, 16, mask)
     w = torch.randn_like(y) * mask[:, None, :, None]
     (y * w).sum().backward()
     grads = [t.grad for t in leaves]
@@ -117,24 +116,3 @@ def test_gradients_match_oracle(kind):
             assert all(g is None or not g.any() for g in (g1, t.grad)), name
         else:
             assert rel_err(g1, t.grad) <= 1e-5, name
-
-
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (dict(kind="softmax"), "unknown attention kind 'softmax'"),
-        (dict(kind="linear", window_size=0), "window_size must be >= 1, got 0"),
-    ],
-)
-def test_bad_arguments(kwargs, message):
-    q, k, v, qf, kf, mix, _ = make_inputs(1, 2, 1, 8, 4, 4)
-    with pytest.raises(ValueError, match=message):
-        hybrid_attention(q, k, v, qf, kf, mix, **kwargs)
-
-
-def test_shape_errors_name_the_shapes():
-    q, k, v, qf, kf, mix, _ = make_inputs(1, 4, 2, 8, 4, 4)
-    with pytest.raises(ValueError, match=r"multiple of key/value heads"):
-        hybrid_attention(q[:, :3], k, v, qf[:, :3], kf[:, :3], mix[:3], "linear")
-    with pytest.raises(ValueError, match=r"mix must have shape \[H\] = \[4\]"):
-        hybrid_attention(q, k, v, qf, kf, mix[:2], "linear")

@@ -1,28 +1,14 @@
-"""Triton decode step for LoLCATs attention: fold, window softmax and readout of one token, fused.
+"""The decode step of hybrid attention as one Triton kernel: fold, window softmax and readout, fused.
 
-Same semantics and the same state as ``core.attention.recurrent.decode_step`` (read its module
-docstring for the invariant). The state object is used as it is: ``S [B, H, F, d]`` and
-``z [B, H, F]`` (float32), the window cache ``win_k``, ``win_v [B, H_kv, K, d]`` per KV head with
-``win_pos``, ``win_valid [B, K]``, ``first [B]`` and ``seen``; a new state of the same class is
-returned (the kernels package does not import ``core``).
-
-Per step, the bookkeeping on ``[B, K]`` index tensors stays in PyTorch exactly as in the reference
-(decide which cached keys leave the window, write the new key and value into their ring slot;
-``kernels.hybrid.window``), and so does the key feature map of the leaving keys (it is a learned
-module). One program per (batch, query head) then does, on chip:
+Same state (:class:`kernels.hybrid.recurrent_torch.HybridState`) and contract as
+:func:`kernels.hybrid.recurrent_torch.decode_step_torch`; the bookkeeping on ``[B, K]`` index
+tensors and the key feature map of the leaving keys stay in PyTorch (``kernels.hybrid.ring``). One
+program per (batch row, query head) computes, in float32:
 
     S' = S + sum_{leaving j} phi_k(k_j) v_j^T,   z' = z + sum_{leaving j} phi_k(k_j)
     y  = (phi_q(q)^T S' + g sum_{j in window} exp(s_j - c) v_j) / (phi_q(q)^T z' + g sum exp(s_j - c))
 
-with an online max over the window in blocks of BK slots and float32 throughout (the state is
-updated with exact float32 products: it accumulates over the whole generation). The window cache
-is read per KV head (GQA: query head h reads KV head h // G).
-
-Which cached keys can leave: for the sliding window only the key in the slot the new token takes,
-so the feature map runs on that one column each step with no host synchronisation; for the
-terraced window a whole tile leaves at a tile boundary, found with one ``nonzero`` (a host
-synchronisation, as in the reference) so the feature map runs on a tile only when one completes;
-for linear attention the new key itself goes into the state.
+with an online max over the window cache (read per KV head). See docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -30,6 +16,8 @@ from __future__ import annotations
 import torch
 
 from kernels._triton import INTERPRETER, tl, triton
+from kernels.hybrid.chunk_triton import head_indices, head_ptr, load_rows, load_state, store_state
+from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 
 
@@ -41,45 +29,41 @@ def hybrid_decode_kernel(
     HAS_WINDOW: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
-    i_bh = tl.program_id(0)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_kh = i_h // G
+    """One program per (batch row, query head): fold, window softmax and readout of one token."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_b, i_h, i_kh = head_indices(i_bh, H, G)
     o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
     m_d, m_f = o_d < D, o_f < FD
-    m_fd = m_f[:, None] & m_d[None, :]
 
-    o_S = (i_bh.to(tl.int64) * FD + o_f[:, None]) * D + o_d[None, :]
-    b_S = tl.load(S + o_S, mask=m_fd, other=0)  # [BF, BD]
-    b_z = tl.load(z + i_bh.to(tl.int64) * FD + o_f, mask=m_f, other=0)  # [BF]
+    b_S, b_z = load_state(S, z, i_bh, 0, 1, o_f, o_d, m_f, m_d, D, FD)  # [BF, BD], [BF]
     # fold the keys leaving the window (their features already carry the 0/1 fold weight)
-    p_kf0 = kfold + i_b.to(tl.int64) * s_kfb + i_h.to(tl.int64) * s_kfh
-    p_vf0 = vfold + i_b.to(tl.int64) * s_vfb + i_kh.to(tl.int64) * s_vfh
+    p_kf0 = head_ptr(kfold, i_b, i_h, s_kfb, s_kfh)
+    p_vf0 = head_ptr(vfold, i_b, i_kh, s_vfb, s_vfh)
     for c0 in range(0, C, BC):
         o_c = c0 + tl.arange(0, BC)
         m_c = o_c < C
-        b_kf = tl.load(p_kf0 + o_c[:, None].to(tl.int64) * s_kfc + o_f[None, :], mask=m_c[:, None] & m_f[None, :], other=0).to(tl.float32)
-        b_v = tl.load(p_vf0 + o_c[:, None].to(tl.int64) * s_vfc + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0).to(tl.float32)
+        b_kf = load_rows(p_kf0, o_c, s_kfc, o_f, m_c, m_f).to(tl.float32)
+        b_v = load_rows(p_vf0, o_c, s_vfc, o_d, m_c, m_d).to(tl.float32)
         b_S += tl.dot(tl.trans(b_kf), b_v, input_precision="ieee")  # [BF, BD]
         b_z += tl.sum(b_kf, 0)
-    tl.store(S_out + o_S, b_S, mask=m_fd)
-    tl.store(z_out + i_bh.to(tl.int64) * FD + o_f, b_z, mask=m_f)
+    store_state(S_out, z_out, b_S, b_z, i_bh, 0, 1, o_f, o_d, m_f, m_d, D, FD)
 
-    b_q = tl.load(q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh + o_d, mask=m_d, other=0).to(tl.float32)  # [BD]
-    b_qf = tl.load(qf + i_b.to(tl.int64) * s_qfb + i_h.to(tl.int64) * s_qfh + o_f, mask=m_f, other=0).to(tl.float32)  # [BF]
+    b_q = tl.load(head_ptr(q, i_b, i_h, s_qb, s_qh) + o_d, mask=m_d, other=0).to(tl.float32)  # [BD]
+    b_qf = tl.load(head_ptr(qf, i_b, i_h, s_qfb, s_qfh) + o_f, mask=m_f, other=0).to(tl.float32)  # [BF]
     b_num = tl.sum(b_qf[:, None] * b_S, 0)  # [BD]
     b_den = tl.sum(b_qf * b_z, 0)
     if HAS_WINDOW:
-        p_wk0 = wk + i_b.to(tl.int64) * s_wkb + i_kh.to(tl.int64) * s_wkh
-        p_wv0 = wv + i_b.to(tl.int64) * s_wvb + i_kh.to(tl.int64) * s_wvh
+        p_wk0 = head_ptr(wk, i_b, i_kh, s_wkb, s_wkh)
+        p_wv0 = head_ptr(wv, i_b, i_kh, s_wvb, s_wvh)
         b_m = tl.max(tl.full([BK], float("-inf"), dtype=tl.float32), 0)
         b_l = tl.sum(tl.zeros([BK], dtype=tl.float32), 0)
         b_acc = tl.zeros([BD], dtype=tl.float32)
         for c0 in range(0, K, BK):
             o_c = c0 + tl.arange(0, BK)
             m_c = o_c < K
-            m_c = m_c & (tl.load(wvalid + i_b.to(tl.int64) * K + o_c, mask=m_c, other=0) != 0)
-            b_k = tl.load(p_wk0 + o_c[:, None].to(tl.int64) * s_wkc + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0).to(tl.float32)
-            b_v = tl.load(p_wv0 + o_c[:, None].to(tl.int64) * s_wvc + o_d[None, :], mask=m_c[:, None] & m_d[None, :], other=0).to(tl.float32)
+            m_c = m_c & (tl.load(wvalid + i_b * K + o_c, mask=m_c, other=0) != 0)
+            b_k = load_rows(p_wk0, o_c, s_wkc, o_d, m_c, m_d).to(tl.float32)
+            b_v = load_rows(p_wv0, o_c, s_wvc, o_d, m_c, m_d).to(tl.float32)
             b_s = tl.where(m_c, tl.sum(b_q[None, :] * b_k, 1) * scale, float("-inf"))  # [BK]
             b_mn = tl.maximum(b_m, tl.max(b_s, 0))
             # -inf while no valid column has been seen: shift by 0 instead (everything is 0 then)
@@ -93,14 +77,17 @@ def hybrid_decode_kernel(
         b_num += b_g * b_acc
         b_den += b_g * b_l
     b_y = b_num / tl.where(b_den > 0, b_den, 1.0)
-    tl.store(y + i_bh.to(tl.int64) * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
+    tl.store(y + i_bh * D + o_d, b_y.to(y.dtype.element_ty), mask=m_d)
 
 
-def hybrid_decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale, *, inplace: bool = False):
+def decode_step_triton(
+    state: HybridState, kind: str, w: int, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
+    *, inplace: bool = False,
+) -> tuple[torch.Tensor, HybridState]:
     """One decode step through the Triton kernel; returns ``(y [B, H, 1, d], new_state)``.
 
-    Args mirror ``core.attention.recurrent.decode_step``:
-        state: the layer's ``HybridState`` (any object with its fields and constructor).
+    Args as :func:`kernels.hybrid.recurrent_torch.decode_step_torch`:
+        state: the layer's :class:`HybridState`.
         kind, w: attention kind and window size.
         q: ``[B, H, 1, d]``; k, v: ``[B, H_kv, 1, d]``; q_feat: ``[B, H, 1, F]``.
         mix: ``[H]`` mixing logits.
@@ -165,8 +152,8 @@ def hybrid_decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_f
         HAS_WINDOW=kind != "linear" and K > 0,
         D=d, FD=Fd, BD=BD, BF=BF, BC=16, BK=BK, **launch,
     )
-    new_state = type(state)(S_out, z_out, win_k, win_v, win_pos, win_valid, first, state.seen + 1)
+    new_state = HybridState(S_out, z_out, win_k, win_v, win_pos, win_valid, first, state.seen + 1)
     return y, new_state
 
 
-__all__ = ["hybrid_decode_step_triton"]
+__all__ = ["decode_step_triton"]

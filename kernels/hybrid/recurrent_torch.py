@@ -1,21 +1,16 @@
-"""Recurrent (token-by-token) form of LoLCATs attention and the state prefill leaves behind.
+"""Recurrent (token-by-token) form of hybrid attention in PyTorch, and the state a prefill leaves.
 
-State of one layer, for a batch of B rows:
-  * ``S [B, H, F, d]``, ``z [B, H, F]`` (float32): sum of phi_k(k_j) v_j^T and phi_k(k_j) over the
-    keys that left the window (per query head: feature maps are per query head);
-  * a window cache of raw (RoPE'd) keys and values stored per KV head ``[B, H_kv, K, d]`` with
-    each entry's position ``[B, K]`` and validity ``[B, K]`` (padding, already folded, empty):
-    a ring of K = 2w (terraced), w (sliding window) or 0 (linear) slots, token j in slot j % K,
-    updated in place by :func:`decode_step` (see ``kernels.hybrid.window``);
-  * ``first [B]``: sequence index of each row's first real token (-1 while it has none), and
-    ``seen``: tokens processed so far. Positions count from the first real token, as in the
-    parallel form.
+State of one layer for B rows (:class:`HybridState`): ``S [B, H, F, d]`` = sum phi_k(k_j) v_j^T
+and ``z [B, H, F]`` = sum phi_k(k_j) (float32, per query head) over the keys that left the window;
+the window cache, a ring of K = window_capacity(kind, w) raw keys and values per KV head
+``[B, H_kv, K, d]`` with each slot's position and validity ``[B, K]`` (``kernels.hybrid.ring``);
+``first [B]``, each row's first real token (-1 while it has none), and ``seen``, the tokens so far.
 
-Invariant after a token at position p: the state holds exactly the real keys with position
-< lb(p) and the window cache the real keys with position >= lb(p), where
-lb(p) = p + 1 (linear), p - w + 1 (sliding window), w * (floor(p / w) - 1) (terraced).
-So prefill (parallel form + :func:`prefill_state`) and token-by-token decoding
-(:func:`decode_step`) build the same state and give the same outputs.
+Invariant after a token at position p: S, z hold exactly the real keys with position
+< window_start(p) and the cache the real keys at or above it. So :func:`prefill_state` after the
+parallel form and :func:`decode_step_torch` token by token build the same state and outputs:
+
+    y = (phi_q(q)^T S + g sum_{j in cache} exp(s_j - c) v_j) / (phi_q(q)^T z + g sum_{j in cache} exp(s_j - c))
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from kernels.hybrid.torch_chunked import augment_values
+from kernels.hybrid.chunk_torch import augment_values
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 from kernels.hybrid.window import window_capacity, window_start
 
@@ -99,11 +94,15 @@ def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
     return HybridState(S, z, win_k, win_v, win_pos, win_valid, first, L)
 
 
-def decode_step(state: HybridState, kind, w, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale):
+def decode_step_torch(
+    state: HybridState, kind: str, w: int, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
+) -> tuple[torch.Tensor, HybridState]:
     """Process one token for every row; returns y [B, H, 1, d] and the new state (which shares the
     window cache, updated in place, with ``state``).
 
-    q [B, H, 1, d], k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], valid [B] bool."""
+    q [B, H, 1, d], k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], mix [H] logits, valid [B] bool
+    (False for a padding token), key_features: raw keys [B, H_kv, C, d] -> [B, H, C, F] (phi_k per
+    query head, applied only to the keys folded into the state), scale: the score scale."""
     B, H, _, d = q.shape
     Hkv = k.shape[1]
     G = H // Hkv

@@ -2,7 +2,7 @@ import torch
 
 import core
 from core.attention.inspection import attention_maps
-from tests.core.test_surgery import converted
+from tests.core.attention.test_surgery import converted
 from tests.tiny_models import tiny_model
 
 

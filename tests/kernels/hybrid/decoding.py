@@ -1,0 +1,84 @@
+"""Decoding runs shared by the recurrent tests: a prompt prefilled into the state, then one token
+per step, and the naive reference's outputs at the decoded positions.
+
+Rows: one without padding, one left-padded, one that gets its first real token only during
+decoding; one row skips a token now and then (valid = False).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from core.attention import HedgehogFeatureMap
+from kernels.hybrid.naive import naive_hybrid_attention
+from tests.kernels.conftest import DEVICE
+from tests.kernels.utils import assert_close
+
+
+@dataclass
+class DecodeCase:
+    kind: str
+    w: int
+    k: torch.Tensor  # prompt keys [B, H_kv, P, d]
+    v: torch.Tensor
+    mask: torch.Tensor  # prompt mask [B, P] bool
+    steps: list[tuple[torch.Tensor, ...]]  # per step (q, k, v, q_feat, valid)
+    mix: torch.Tensor
+    key_features: Callable[[torch.Tensor], torch.Tensor]
+    scale: float
+
+    def step_args(self, t: int) -> tuple:
+        """The arguments of the decode step for step ``t`` (those after the state)."""
+        q, k, v, qf, valid = self.steps[t]
+        return (self.kind, self.w, q, k, v, qf, self.mix, valid, self.key_features, self.scale)
+
+
+def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9, T=13) -> DecodeCase:
+    G = H // Hkv
+    g = torch.Generator().manual_seed(42)
+    torch.manual_seed(42)
+    fq = HedgehogFeatureMap(H, d, f, init="random").to(DEVICE)
+    fk = HedgehogFeatureMap(H, d, f, init="random").to(DEVICE)
+    key_features = lambda keys: fk(keys.repeat_interleave(G, dim=1))  # noqa: E731
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(device=DEVICE, dtype=dtype)  # noqa: E731
+    mix = torch.randn(H, generator=g).to(DEVICE)
+    k, v = rand(B, Hkv, P, d), rand(B, Hkv, P, d)
+    mask = torch.ones(B, P, dtype=torch.bool, device=DEVICE)
+    mask[1, :3] = False
+    mask[2:, :] = False
+    steps = []
+    with torch.no_grad():
+        for t in range(T):
+            q_t, k_t, v_t = rand(B, H, 1, d), rand(B, Hkv, 1, d), rand(B, Hkv, 1, d)
+            valid = torch.ones(B, dtype=torch.bool, device=DEVICE)
+            valid[2:] = t >= 2
+            valid[1] = t % 5 != 3
+            steps.append((q_t, k_t, v_t, fq(q_t), valid))
+    return DecodeCase(kind, w, k, v, mask, steps, mix, key_features, d**-0.5)
+
+
+def whole_sequence(case: DecodeCase) -> tuple[torch.Tensor, ...]:
+    """(k, v, mask) of prompt and steps together: [B, H_kv, P + T, d] twice and [B, P + T]."""
+    k = torch.cat([case.k] + [s[1] for s in case.steps], dim=2)
+    v = torch.cat([case.v] + [s[2] for s in case.steps], dim=2)
+    mask = torch.cat([case.mask] + [s[4][:, None] for s in case.steps], dim=1)
+    return k, v, mask
+
+
+@torch.no_grad()
+def assert_matches_naive(case: DecodeCase, ys: list[torch.Tensor], ratio: float) -> None:
+    """The decoded outputs ``ys`` (one [B, H, 1, d] per step) against the naive reference over the
+    whole sequence, at the real tokens (prompt queries do not enter: they are set to zero)."""
+    k, v, mask = whole_sequence(case)
+    B, H, _, d = case.steps[0][0].shape
+    P = case.k.shape[2]
+    F = case.steps[0][3].shape[-1]
+    q = torch.cat([case.steps[0][0].new_zeros(B, H, P, d)] + [s[0] for s in case.steps], dim=2)
+    qf = torch.cat([case.steps[0][3].new_zeros(B, H, P, F)] + [s[3] for s in case.steps], dim=2)
+    ref = naive_hybrid_attention(q, k, v, qf, case.key_features(k), case.mix, case.kind, case.w, mask, case.scale)[:, :, P:]
+    real = mask[:, None, P:, None]
+    y = torch.cat(ys, dim=2).double()
+    assert_close("y vs naive", torch.where(real, ref, 0.0), torch.where(real, y, 0.0), ratio)

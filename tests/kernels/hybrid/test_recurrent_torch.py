@@ -1,0 +1,34 @@
+"""The PyTorch recurrent form: prefill, then token-by-token decoding, against the naive reference,
+and the state it reaches against a prefill of the whole sequence (rows: see decoding.py)."""
+
+import pytest
+import torch
+
+from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state
+from kernels.hybrid.window import KINDS, window_capacity
+from tests.kernels.hybrid.decoding import assert_matches_naive, decode_case, whole_sequence
+from tests.kernels.utils import assert_close
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("w, P, T", [(4, 9, 13), (40, 70, 14)], ids=["w4", "w40"])
+@torch.no_grad()
+def test_decode_matches_naive_and_a_whole_prefill(kind, w, P, T):
+    case = decode_case(kind, w, P=P, T=T)
+    state = prefill_state(kind, w, case.k, case.v, case.key_features(case.k), case.mask)
+    ys = []
+    for t in range(T):
+        y, state = decode_step_torch(state, *case.step_args(t))
+        ys.append(y)
+    assert_matches_naive(case, ys, 1e-5)
+
+    k, v, mask = whole_sequence(case)
+    whole = prefill_state(kind, w, k, v, case.key_features(k), mask)
+    assert whole.seen == state.seen == P + T and whole.win_k.shape[2] == window_capacity(kind, w)
+    assert_close("S", whole.S, state.S, 1e-5)
+    assert_close("z", whole.z, state.z, 1e-5)
+    assert torch.equal(whole.first, state.first) and torch.equal(whole.win_valid, state.win_valid)
+    cached = whole.win_valid[:, None, :, None]
+    assert torch.equal(whole.win_pos[whole.win_valid], state.win_pos[state.win_valid])
+    for name in ("win_k", "win_v"):
+        assert torch.equal(torch.where(cached, getattr(whole, name), 0), torch.where(cached, getattr(state, name), 0)), name
