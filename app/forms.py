@@ -11,7 +11,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.config import BUNDLED_MODEL, PRESETS, TINY_MODEL, ConvertConfig, deep_merge, validation_problems
+from core.config import (
+    BUNDLED_MODEL,
+    PRESETS,
+    TINY_MODEL,
+    ConvertConfig,
+    deep_merge,
+    validation_problems,
+)
+from core.models import ModelFitError, check_model_fit
 
 RECIPE = "paper recipe (defaults)"
 MODEL_CHOICES = {
@@ -135,9 +143,16 @@ def build(preset: str, values: dict[str, Any]) -> tuple[dict[str, Any], list[tup
     return deep_merge(preset_config(preset), form), problems
 
 
-def validate(config: dict[str, Any]) -> tuple[ConvertConfig | None, list[tuple[str, str]]]:
-    """The validated config, or None and every problem as ``(dotted field, message)``."""
+def validate(config: dict[str, Any], workspace=None) -> tuple[ConvertConfig | None, list[tuple[str, str]]]:
+    """The validated config, or None and every problem as ``(dotted field, message)``; a config
+    that does not fit its model (read from the model's config.json) is refused as the job queue
+    refuses it."""
     try:
-        return ConvertConfig.model_validate(config), []
+        validated = ConvertConfig.model_validate(config)
     except ValidationError as exc:
         return None, validation_problems(exc)
+    try:
+        check_model_fit(validated, workspace)
+    except ModelFitError as exc:
+        return None, [(exc.field, exc.problem)]
+    return validated, []

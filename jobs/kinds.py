@@ -80,6 +80,9 @@ class JobKind:
     run: Callable[[Any, Path, Any], dict] | str  # run(config, run_dir, progress) -> report, or "module:func"
     description: str = ""
     resume_safe: frozenset[str] = field(default_factory=frozenset)
+    # check(config_obj, workspace) after validation, e.g. against the model's config.json; raises an
+    # exception with ``field`` (the dotted path) and ``problem`` attributes for a config that cannot run.
+    check: Callable[[Any, Path | None], None] | str | None = None
 
     def model(self) -> type:
         return _resolve(self.config_model)
@@ -103,11 +106,19 @@ class JobKind:
                 raise ConfigError(self.name, [(k, f"unknown field; valid fields: {', '.join(sorted(known))}")
                                               for k in unknown])
         try:
-            return self._adapter().validate_python(config, context={"workspace": workspace})
+            validated = self._adapter().validate_python(config, context={"workspace": workspace})
         except ValidationError as exc:
             raise ConfigError(self.name, _problems(exc)) from None
         except (ValueError, TypeError) as exc:  # raised by a dataclass __post_init__
             raise ConfigError(self.name, [("config", str(exc))]) from None
+        if self.check is not None:
+            try:
+                _resolve(self.check)(validated, workspace)
+            except ValueError as exc:
+                if not hasattr(exc, "field"):
+                    raise
+                raise ConfigError(self.name, [(exc.field, exc.problem)]) from None
+        return validated
 
     def dump(self, config_obj: Any) -> dict[str, Any]:
         """JSON-ready dict of a validated config (what the database stores)."""
@@ -195,6 +206,7 @@ register_kind(JobKind(
     name="convert",
     config_model="core.config:ConvertConfig",
     run=run_convert_job,
+    check="core.models:check_model_fit",  # reads config.json only: no torch at submit
     description="Linearize a model's attention: attention transfer, LoRA, evaluation (report.json).",
 ))
 

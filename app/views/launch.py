@@ -147,7 +147,7 @@ def _check(values: dict):
         config, problems = forms.build(values["preset"], values)
     except (KeyError, TypeError, ValueError) as exc:
         return None, [("form", str(exc))]
-    validated, config_problems = forms.validate(config)
+    validated, config_problems = forms.validate(config, common.workspace())
     problems = problems + config_problems
     return (validated.model_dump() if validated is not None and not problems else config), problems
 

@@ -25,7 +25,17 @@ from core.models.tiny import tiny_model_config
 
 
 class ModelFitError(ModelLoadError):
-    """A conversion config that does not fit its model; the message names the field, the value and the fix."""
+    """A conversion config that does not fit its model; the message names the field, the value and
+    the fix, and ``field`` is that field's dotted path (for forms that show problems per field)."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+    @property
+    def problem(self) -> str:
+        """The message without the leading field name."""
+        return str(self).removeprefix(self.field).lstrip(": ")
 
 
 class _ModelFields(Protocol):
@@ -81,15 +91,15 @@ def check_model_fit(cfg: FitConfig, workspace: str | os.PathLike | None = None) 
             return
         check_config(config, repr(source), cfg.model.trust_remote_code, consult_transformers=False)
     except ModelLoadError as exc:
-        raise ModelFitError(f"model.source: {exc}") from None
+        raise ModelFitError(f"model.source: {exc}", "model.source") from None
     layers = num_layers(config)
     outside = [i for i in cfg.attention.softmax_layers if layers is not None and not 0 <= i < layers]
     if outside:
         raise ModelFitError(
             f"attention.softmax_layers {outside} out of range: model {source!r} has {layers} layers; "
-            f"use layer indices 0..{layers - 1}"
+            f"use layer indices 0..{layers - 1}", "attention.softmax_layers"
         )
     try:
         check_seq_len(config, cfg.data.seq_len, field="data.seq_len")
     except ConfigError as exc:
-        raise ModelFitError(str(exc)) from None
+        raise ModelFitError(str(exc), "data.seq_len") from None

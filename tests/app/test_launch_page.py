@@ -99,3 +99,14 @@ def test_form_survives_a_page_switch(fresh_ws):
     at.switch_page("views/launch.py").run()
     assert widget(at, "selectbox", "launch_preset").value == "tiny-test"
     assert widget(at, "number_input", "launch_stage1_steps").value == 7
+
+
+def test_check_panel_refuses_softmax_layers_the_model_does_not_have(fresh_ws, convert_kind):
+    at = open_page()
+    _select_preset(at, "tiny-test")
+    widget(at, "text_input", "launch_softmax_layers").set_value("0, 7").run()
+    shown = texts(at)
+    assert "attention.softmax_layers" in shown and "[7] out of range" in shown and "has 2 layers" in shown
+    assert button(at, "launch_submit").disabled
+    widget(at, "text_input", "launch_softmax_layers").set_value("1").run()
+    assert "The config is valid." in texts(at)
