@@ -6,9 +6,10 @@ rules and why they are fair are in README.md beside this file. The shared rules:
 
   * items are deduplicated on the normalised context and on the normalised correct answer;
   * the correct answer's position is exactly balanced: item ``i`` of a split has ``label = i % 4``;
-  * the correct answer's length rank among the four choices is drawn uniformly: for a drawn rank
-    ``r`` the item takes ``r`` distractors strictly shorter than the answer and ``3 - r`` strictly
-    longer, so neither "pick the longest" nor "pick the median" beats chance.
+  * the correct answer's length rank among the four choices is exactly balanced in the test split:
+    for a drawn rank ``r`` the item takes ``r`` distractors strictly shorter than the answer and
+    ``3 - r`` strictly longer, and each rank fills a quarter of the items, so neither "pick the
+    longest" nor "pick the median" beats chance.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from core.data import gsm8k_path, kjv_sample_path
 SEED = 1234
 N_CHOICES = 4
 N_TEST = 200
-N_TRAIN = 10  # the few-shot pool, disjoint from the test items
+N_TRAIN = 8  # the few-shot pool, disjoint from the test items
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 SENTENCE_END = re.compile(r"(?<=[.?!])\s+(?=[A-Z])")
@@ -96,10 +97,10 @@ def kjv_next_items(rng: random.Random) -> list[dict]:
                 continue
             pool = [s for cj, s in by_first.get(answer.split()[0], []) if cj != ci
                     and len(answer) / 1.5 <= len(s) <= len(answer) * 1.5]
-            distractors = pick_by_length_rank(answer, preference_order(rng, pool), rng.randrange(N_CHOICES),
-                                              len, rng)
+            rank = rng.randrange(N_CHOICES)
+            distractors = pick_by_length_rank(answer, preference_order(rng, pool), rank, len, rng)
             if distractors is not None:
-                items.append({"context": context, "answer": answer, "distractors": distractors})
+                items.append({"context": context, "answer": answer, "distractors": distractors, "rank": rank})
     return items
 
 
@@ -127,10 +128,10 @@ def kjv_lastword_items(rng: random.Random) -> list[dict]:
             same_case = lambda w: w[0].isupper() == answer[0].isupper() and abs(len(w) - len(answer)) <= 4  # noqa: E731
             in_context = sorted({w for w in content_words(context) if same_case(w)})
             elsewhere = [w for w in finals if same_case(w) and w not in in_context and content_words(w)]
-            distractors = pick_by_length_rank(answer, preference_order(rng, in_context, elsewhere),
-                                              rng.randrange(N_CHOICES), len, rng)
+            rank = rng.randrange(N_CHOICES)
+            distractors = pick_by_length_rank(answer, preference_order(rng, in_context, elsewhere), rank, len, rng)
             if distractors is not None:
-                items.append({"context": context, "answer": answer, "distractors": distractors})
+                items.append({"context": context, "answer": answer, "distractors": distractors, "rank": rank})
     return items
 
 
@@ -170,9 +171,11 @@ def gsm8k_answer_items(rng: random.Random) -> list[dict]:
         given = [v for v in map(integer, NUMBER.findall(row["question"])) if v is not None]
         others = [a for a in all_answers if abs(len(a) - len(answer)) <= 1]
         pool = preference_order(rng, sorted(set(steps)), sorted(set(given) - set(steps)), others)
-        distractors = pick_by_length_rank(answer, pool, rng.randrange(N_CHOICES), number_length, rng)
+        rank = rng.randrange(N_CHOICES)
+        distractors = pick_by_length_rank(answer, pool, rank, number_length, rng)
         if distractors is not None:
-            items.append({"context": " ".join(row["question"].split()), "answer": answer, "distractors": distractors})
+            items.append({"context": " ".join(row["question"].split()), "answer": answer, "distractors": distractors,
+                          "rank": rank})
     return items
 
 
@@ -192,6 +195,25 @@ def deduplicate(items: list[dict], unique_answers: bool) -> list[dict]:
         answers.add(answer)
         out.append(item)
     return out
+
+
+def rank_balanced(items: list[dict], n: int) -> tuple[list[dict], list[dict]]:
+    """``n`` items in which every length rank of the answer occurs ``n / 4`` times (order kept), and the rest.
+
+    Short answers cannot have shorter distractors, so ranks are not equally feasible; this
+    restores the exact balance that the draw alone only gives on average."""
+    per_rank = n // N_CHOICES
+    taken = {r: 0 for r in range(N_CHOICES)}
+    chosen, rest = [], []
+    for item in items:
+        if taken[item["rank"]] < per_rank:
+            taken[item["rank"]] += 1
+            chosen.append(item)
+        else:
+            rest.append(item)
+    if len(chosen) < n:
+        raise RuntimeError(f"too few items per length rank: {taken} of {per_rank} each")
+    return chosen, rest
 
 
 def finalise(items: list[dict], name: str, split: str) -> list[dict]:
@@ -222,9 +244,10 @@ def build(out_dir: Path = DATA_DIR) -> dict[str, dict[str, int]]:
         items = make(rng)
         rng.shuffle(items)
         items = deduplicate(items, unique_answers)
-        if len(items) < N_TEST + N_TRAIN:
+        test, rest = rank_balanced(items, N_TEST)
+        if len(rest) < N_TRAIN:
             raise RuntimeError(f"{name}: only {len(items)} items, {N_TEST + N_TRAIN} needed")
-        splits = {"test": items[:N_TEST], "train": items[N_TEST:N_TEST + N_TRAIN]}
+        splits = {"test": test, "train": rest[:N_TRAIN]}
         for split, chosen in splits.items():
             rows = finalise(chosen, name, split)
             text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
