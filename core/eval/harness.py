@@ -152,11 +152,17 @@ def leaf_tasks(name: str, group_subtasks: dict[str, list[str]]) -> list[str]:
 
 
 def compare(name: str, teacher: dict[str, Any], student: dict[str, Any]) -> dict[str, Any]:
-    """One result entry: both models' metrics and the paired difference of every per-item metric."""
+    """One result entry: both models' metrics and the paired difference of every per-item metric.
+
+    A metric with no per-item number (a corpus-level one such as perplexity over a document set)
+    gets no interval: when no metric pairs, ``diff`` is the difference of lm-eval's aggregates and
+    ``diff_ci95`` is None."""
     leaves = leaf_tasks(name, teacher["group_subtasks"])
     pairs: dict[str, tuple[list[float], list[float]]] = {}
+    docs = 0
     for leaf in leaves:
         t_samples, s_samples = teacher["samples"].get(leaf, []), student["samples"].get(leaf, [])
+        docs += len({s["doc_id"] for s in t_samples})
         keys = {(m, s.get("filter", "none")) for s in t_samples for m in s.get("metrics", [])}
         for metric, filter_name in sorted(keys):
             t, s = paired_items(t_samples, s_samples, metric, filter_name)
@@ -168,16 +174,20 @@ def compare(name: str, teacher: dict[str, Any], student: dict[str, Any]) -> dict
     for label, (t, s) in pairs.items():
         if t:
             diff, (lo, hi) = paired_difference(t, s)
-            paired[label] = {"diff": diff, "diff_ci95": [lo, hi], "n": len(t)}
-    if not paired:
-        raise ValueError(f"{name}: lm-eval logged no per-item scores, so the two models cannot be paired")
+            paired[label] = {"diff": diff, "diff_ci95": [lo, hi]}
+    t_metrics = metric_values(teacher["results"].get(name, {}))
+    s_metrics = metric_values(student["results"].get(name, {}))
+    candidates = list(paired) or [m for m in t_metrics if "_stderr" not in m and t_metrics[m] is not None
+                                  and s_metrics.get(m) is not None]
     headline = HEADLINE_METRIC.get(name)
-    headline = headline if headline in paired else "acc" if "acc" in paired else sorted(paired)[0]
-    return {"n": paired[headline].pop("n"), "metric": headline,
-            "teacher": metric_values(teacher["results"].get(name, {})),
-            "student": metric_values(student["results"].get(name, {})),
-            "diff": paired[headline]["diff"], "diff_ci95": paired[headline]["diff_ci95"],
-            "paired": {k: {"diff": v["diff"], "diff_ci95": v["diff_ci95"]} for k, v in paired.items()}}
+    headline = (headline if headline in candidates else "acc" if "acc" in candidates
+                else min(candidates) if candidates else None)
+    if headline in paired:
+        diff, ci95 = paired[headline]["diff"], paired[headline]["diff_ci95"]
+    else:
+        diff, ci95 = (None if headline is None else s_metrics[headline] - t_metrics[headline]), None
+    return {"n": docs, "metric": headline, "teacher": t_metrics, "student": s_metrics, "diff": diff,
+            "diff_ci95": ci95, "paired": paired}
 
 
 def entries(results: dict[str, Any]) -> list[str]:

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from core.config import preset
-from core.eval.harness import PAPER_SUITE, TASKS_DIR, check_known, evaluate_tasks, offline_tasks, resolve_tasks, task_manager
+from core.eval.harness import (PAPER_SUITE, TASKS_DIR, check_known, compare, entries, evaluate_tasks, offline_tasks,
+                               resolve_tasks, task_manager)
 from core.eval.pairing import paired_difference
 from core.eval.tasks.build import build
 from core.models import tiny_model_dir
@@ -97,6 +98,35 @@ def test_paired_difference_on_a_known_difference():
     assert paired_difference(teacher, teacher) == (0.0, (0.0, 0.0))
     with pytest.raises(ValueError):
         paired_difference([1.0, 0.0], [1.0])
+
+
+def lm_eval_output(scores: dict[str, list[float]], perplexity: float) -> dict:
+    """The part of a merged lm-eval output that :func:`compare` reads: group ``g`` over tasks ``a``
+    and ``b`` (acc per item, plus a corpus-level bleu logged as tuples) and a rolling task ``wiki``."""
+    samples = {task: [{"doc_id": i, "filter": "none", "metrics": ["acc", "bleu"], "acc": v, "bleu": ("ref", "hyp")}
+                      for i, v in enumerate(values)] for task, values in scores.items()}
+    samples["wiki"] = [{"doc_id": 0, "filter": "none", "metrics": ["word_perplexity"], "word_perplexity": (1.0, 2)}]
+    pooled = [v for values in scores.values() for v in values]
+    results = {task: {"alias": task, "acc,none": sum(v) / len(v), "acc_stderr,none": "N/A"} for task, v in scores.items()}
+    results["g"] = {"alias": "g", "acc,none": sum(pooled) / len(pooled), "bleu,none": float("nan")}
+    results["wiki"] = {"alias": "wiki", "word_perplexity,none": perplexity, "word_perplexity_stderr,none": "N/A"}
+    return {"results": results, "group_subtasks": {"g": ["a", "b"], "wiki": []}, "samples": samples}
+
+
+def test_compare_pools_a_group_and_keeps_corpus_metrics():
+    teacher = lm_eval_output({"a": [1.0, 1.0, 0.0], "b": [1.0, 0.0]}, perplexity=10.0)
+    student = lm_eval_output({"a": [1.0, 0.0, 0.0], "b": [0.0, 0.0]}, perplexity=12.5)
+    assert entries(teacher) == ["a", "b", "g", "wiki"]
+    group = compare("g", teacher, student)
+    assert group["n"] == 5 and group["metric"] == "acc" and set(group["paired"]) == {"acc"}
+    assert group["diff"] == pytest.approx(-0.4) and group["teacher"] == {"acc": 0.6, "bleu": None}
+    lo, hi = group["diff_ci95"]
+    assert lo <= -0.4 <= hi <= 0.0
+    task = compare("a", teacher, student)
+    assert task["n"] == 3 and task["teacher"] == {"acc": pytest.approx(2 / 3)}  # "N/A" stderr dropped
+    wiki = compare("wiki", teacher, student)
+    assert wiki["metric"] == "word_perplexity" and wiki["diff"] == 2.5 and wiki["diff_ci95"] is None
+    assert wiki["paired"] == {} and wiki["n"] == 1
 
 
 def test_resolve_tasks():
