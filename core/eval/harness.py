@@ -22,6 +22,7 @@ pools the items of all its subtasks.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 import os
@@ -88,21 +89,26 @@ def check_known(names: Sequence[str], manager) -> None:
 
 def reporting_lm(model, tokenizer, batch_size: int | str, progress: ProgressCallback):
     """An lm-eval ``HFLM`` over the in-memory model that scores requests in chunks of
-    :data:`REQUEST_CHUNK` and reports ``on_step(stage, requests done, requests total)`` after each
-    (set ``lm.stage`` before a run); ``should_stop()`` is polled between chunks. Each request is
-    scored on its own, so chunking does not change the scores at batch size 1."""
+    :data:`REQUEST_CHUNK` and reports ``on_step(stage, items done, items total, {"requests": r})``
+    after each (set ``lm.stage`` before a run). An item (one task document) is done once all its
+    requests (one per choice) are scored; ``should_stop()`` is polled between chunks. Each request
+    is scored on its own, so chunking does not change the scores at batch size 1."""
     from lm_eval.models.huggingface import HFLM
 
     class ReportingHFLM(HFLM):
         stage = "tasks"
 
         def _chunked(self, score: Callable[..., list], requests: list) -> list:
+            last_request = {(r.task_name, r.doc_id): i for i, r in enumerate(requests)}
+            item_ends = sorted(last_request.values())  # an item is done once its last request is
             out: list = []
             for start in range(0, len(requests), REQUEST_CHUNK):
                 if progress.should_stop():
                     raise StopRequested(f"{self.stage}: stopped after {start} of {len(requests)} requests")
                 out += score(requests[start:start + REQUEST_CHUNK], disable_tqdm=True)
-                progress.on_step(self.stage, len(out), len(requests), {})
+                items_done = bisect.bisect_left(item_ends, len(out))
+                if items_done:
+                    progress.on_step(self.stage, items_done, len(item_ends), {"requests": float(len(out))})
             return out
 
         def loglikelihood(self, requests, disable_tqdm: bool = False):
@@ -203,8 +209,9 @@ def evaluate_tasks(run: str | os.PathLike, tasks: str | Sequence[str], num_fewsh
     """Teacher and student of ``run`` (a run folder or an export) on ``tasks``; see the module doc.
 
     ``limit`` caps the items per task (lm-eval's ``--limit``). Progress: ``on_step`` with stage
-    ``teacher_tasks`` / ``student_tasks`` and the loglikelihood (or generation) requests done out
-    of the total of the current request kind. Writes the result JSON to ``output`` atomically."""
+    ``teacher_tasks`` / ``student_tasks``, items done / items total of the current request kind
+    (loglikelihood, generation; see :func:`reporting_lm`). Writes the result JSON to ``output``
+    atomically."""
     import lm_eval
 
     from core.pipeline.runs import load_converted
