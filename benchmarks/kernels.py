@@ -54,25 +54,23 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 def cuda_time(fn, repeats: int, warmup: int = 2) -> float:
     """Median seconds of fn() over ``repeats`` runs, timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    if DEV == "cpu":
-        times = []
-        for _ in range(repeats):
+    def once() -> float:
+        if DEV == "cpu":  # --cpu-smoke: wall time
             t0 = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
+            return time.perf_counter() - t0
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+        return start.elapsed_time(end) / 1e3
+
+    for _ in range(warmup):
+        fn()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    return statistics.median(once() for _ in range(repeats))
 
 
 def free():

@@ -10,33 +10,16 @@ Names are imported on first use (PEP 562), so light modules such as ``core.progr
 
 from __future__ import annotations
 
-import importlib
+from core.lazy import lazy_exports
 
 _EXPORTS = {
-    "hybrid_attention": "core.attention",
-    "AttentionSpec": "core.config",
-    "SUPPORTED_ARCHITECTURES": "core.config",
-    "UnsupportedModelError": "core.attention.surgery",
-    "linearize": "core.attention.surgery",
-    "lolcats_modules": "core.attention.surgery",
-    "set_mode": "core.attention.surgery",
-    "load_converted": "core.pipeline.runs",
-    "export": "core.pipeline.runs",
-    "load_model": "core.models",
-    "run_convert": "core.pipeline.convert",
-    "attention_maps": "core.attention.inspection",
+    "core.attention": ["hybrid_attention"],
+    "core.config": ["AttentionSpec", "SUPPORTED_ARCHITECTURES"],
+    "core.attention.surgery": ["UnsupportedModelError", "linearize", "lolcats_modules", "set_mode"],
+    "core.pipeline.runs": ["load_converted", "export"],
+    "core.models": ["load_model"],
+    "core.pipeline.convert": ["run_convert"],
+    "core.attention.inspection": ["attention_maps"],
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

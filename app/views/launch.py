@@ -60,6 +60,28 @@ def _problems_for(section: str, problems: list[tuple[str, str]]) -> None:
             st.error(f"**{field}**: {message}", icon=":material/error:")
 
 
+def _source(label: str, choices: dict[str, str], key: str, named: dict[str, tuple[str, str]]) -> None:
+    """A radio of source choices (``<key>_choice``) and, for a choice in ``named`` (hub id, local
+    path), a text input ``<key>_path`` with that choice's ``(label, placeholder)``."""
+    choice = st.radio(label, list(choices), key=P + key + "_choice", format_func=choices.get, horizontal=True)
+    if choice in named:
+        text, placeholder = named[choice]
+        st.text_input(text, key=P + key + "_path", placeholder=placeholder)
+
+
+def _stage_budget(stage: str, title: str, lr_help: str, problems, lora_rank: bool = False) -> None:
+    """The budget inputs of ``stage`` (``stage1`` or ``stage2``) and its problems."""
+    st.checkbox(title, key=P + stage + "_enabled")
+    a, b = st.columns(2)
+    a.number_input("Steps", key=P + stage + "_steps", step=10)
+    b.text_input("Learning rate", key=P + stage + "_lr", help=lr_help)
+    a.number_input("Gradient accumulation", key=P + stage + "_grad_accum", step=1)
+    if lora_rank:
+        b.number_input("LoRA rank", key=P + stage + "_rank", step=1, help="recipe 8 (alpha 16)")
+    b.number_input("Validate every", key=P + stage + "_eval_every", step=10)
+    _problems_for(stage, problems)
+
+
 def _form(problems) -> None:
     described = {**PRESET_DESCRIPTIONS, forms.RECIPE: "the paper's Llama 3 8B recipe values"}
     st.selectbox("Preset", forms.preset_names(), key=P + "preset", on_change=_apply_preset,
@@ -67,21 +89,15 @@ def _form(problems) -> None:
                       + "; ".join(f"{name}: {line}" for name, line in described.items()) + ".")
 
     st.subheader("Model")
-    choice = st.radio("Teacher model", list(forms.MODEL_CHOICES), key=P + "model_choice",
-                      format_func=forms.MODEL_CHOICES.get, horizontal=True)
-    if choice in ("hub", "local"):
-        st.text_input("Hub id" if choice == "hub" else "Folder or .gguf path", key=P + "model_path",
-                      placeholder="HuggingFaceTB/SmolLM2-360M-Instruct" if choice == "hub" else "/models/my-llama")
+    _source("Teacher model", forms.MODEL_CHOICES, "model", {
+        "hub": ("Hub id", "HuggingFaceTB/SmolLM2-360M-Instruct"), "local": ("Folder or .gguf path", "/models/my-llama")})
     c1, c2 = st.columns(2)
     c1.selectbox("dtype", ["float32", "bfloat16", "float16"], key=P + "dtype")
     c2.selectbox("Device", ["auto", "cpu", "cuda"], key=P + "device", help="auto: CUDA when present, else CPU")
 
     st.subheader("Data")
-    data = st.radio("Training data", list(forms.DATA_CHOICES), key=P + "data_choice",
-                    format_func=forms.DATA_CHOICES.get, horizontal=True)
-    if data in ("hub", "local"):
-        st.text_input("Dataset id" if data == "hub" else "File path", key=P + "data_path",
-                      placeholder="yahma/alpaca-cleaned" if data == "hub" else "data/my_rows.jsonl")
+    _source("Training data", forms.DATA_CHOICES, "data", {
+        "hub": ("Dataset id", "yahma/alpaca-cleaned"), "local": ("File path", "data/my_rows.jsonl")})
     c1, c2, c3, c4 = st.columns(4)
     c1.selectbox("Format", ["instruction", "text"], key=P + "data_format")
     c2.number_input("Sequence length", key=P + "seq_len", step=64, help="packed block length (recipe 1024)")
@@ -106,22 +122,9 @@ def _form(problems) -> None:
     st.subheader("Stage budgets")
     c1, c2 = st.columns(2)
     with c1:
-        st.checkbox("Stage 1: attention transfer", key=P + "stage1_enabled")
-        a, b = st.columns(2)
-        a.number_input("Steps", key=P + "stage1_steps", step=10)
-        b.text_input("Learning rate", key=P + "stage1_lr", help="recipe 1e-2")
-        a.number_input("Gradient accumulation", key=P + "stage1_grad_accum", step=1)
-        b.number_input("Validate every", key=P + "stage1_eval_every", step=10)
-        _problems_for("stage1", problems)
+        _stage_budget("stage1", "Stage 1: attention transfer", "recipe 1e-2", problems)
     with c2:
-        st.checkbox("Stage 2: LoRA fine-tuning", key=P + "stage2_enabled")
-        a, b = st.columns(2)
-        a.number_input("Steps", key=P + "stage2_steps", step=10)
-        b.text_input("Learning rate", key=P + "stage2_lr", help="recipe 1e-4")
-        a.number_input("Gradient accumulation", key=P + "stage2_grad_accum", step=1)
-        b.number_input("LoRA rank", key=P + "stage2_rank", step=1, help="recipe 8 (alpha 16)")
-        b.number_input("Validate every", key=P + "stage2_eval_every", step=10)
-        _problems_for("stage2", problems)
+        _stage_budget("stage2", "Stage 2: LoRA fine-tuning", "recipe 1e-4", problems, lora_rank=True)
 
 
 def main() -> None:

@@ -12,45 +12,14 @@ load the measuring code.
 
 from __future__ import annotations
 
-import importlib
+from core.lazy import lazy_exports
 
 _EXPORTS = {
-    "BenchConfig": "config",
-    "MODELS": "config",
-    "SWEEPS": "config",
-    "GIB": "memory",
-    "CudaPeak": "memory",
-    "RssHwmPeak": "memory",
-    "RssSampledPeak": "memory",
-    "cache_bytes": "memory",
-    "free_memory": "memory",
-    "peak_tracker": "memory",
-    "weight_bytes": "memory",
-    "Request": "measure",
-    "Run": "measure",
-    "measure_point": "measure",
-    "new_cache": "measure",
-    "random_input_ids": "measure",
-    "summarise": "measure",
-    "convert_teacher": "student",
-    "load_converted_student": "student",
-    "SCHEMA": "sweep",
-    "compare": "sweep",
-    "find_point": "sweep",
-    "run_benchmark": "sweep",
-    "write_result": "sweep",
+    ".config": ["BenchConfig", "MODELS", "SWEEPS"],
+    ".memory": ["GIB", "CudaPeak", "RssHwmPeak", "RssSampledPeak", "cache_bytes", "free_memory", "peak_tracker", "weight_bytes"],
+    ".measure": ["Request", "Run", "measure_point", "new_cache", "random_input_ids", "summarise"],
+    ".student": ["convert_teacher", "load_converted_student"],
+    ".sweep": ["SCHEMA", "compare", "find_point", "run_benchmark", "write_result"],
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'core.bench' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"core.bench.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -13,58 +13,16 @@ Names are imported on first use (PEP 562): only :mod:`~core.models.loading` impo
 
 from __future__ import annotations
 
-import importlib
+from core.lazy import lazy_exports
 
 _EXPORTS = {
-    "BUNDLED_GGUF": "sources",
-    "BUNDLED_MODEL": "sources",
-    "BUNDLED_PACKAGE": "sources",
-    "BUNDLED_PIP": "sources",
-    "SUPPORTED_ARCHITECTURES": "sources",
-    "TINY_MODEL": "sources",
-    "ModelLoadError": "sources",
-    "ModelSource": "sources",
-    "resolve_source": "sources",
-    "check_config": "config_files",
-    "check_folder": "config_files",
-    "check_safetensors_file": "config_files",
-    "check_seq_len": "config_files",
-    "folder_config": "config_files",
-    "max_positions": "config_files",
-    "num_layers": "config_files",
-    "read_config_json": "config_files",
-    "PROVENANCE_FILE": "gguf",
-    "bundled_gguf_path": "gguf",
-    "bundled_model_dir": "gguf",
-    "check_gguf_file": "gguf",
-    "gguf_cache_dir": "gguf",
-    "gguf_header_config": "gguf",
-    "materialize_gguf": "gguf",
-    "read_gguf_metadata": "gguf",
-    "cached_hub_config": "hub",
-    "hub_offline": "hub",
-    "hub_reachable": "hub",
-    "tiny_model_config": "tiny",
-    "tiny_model_dir": "tiny",
-    "DTYPES": "loading",
-    "load_model": "loading",
-    "resolve_device": "loading",
-    "resolve_dtype": "loading",
-    "ModelFitError": "fit",
-    "check_model_fit": "fit",
-    "read_model_config": "fit",
+    ".sources": ["BUNDLED_GGUF", "BUNDLED_MODEL", "BUNDLED_PACKAGE", "BUNDLED_PIP", "SUPPORTED_ARCHITECTURES", "TINY_MODEL", "ModelLoadError", "ModelSource", "resolve_source"],
+    ".config_files": ["check_config", "check_folder", "check_safetensors_file", "check_seq_len", "folder_config", "max_positions", "num_layers", "read_config_json"],
+    ".gguf": ["PROVENANCE_FILE", "bundled_gguf_path", "bundled_model_dir", "check_gguf_file", "gguf_cache_dir", "gguf_header_config", "materialize_gguf", "read_gguf_metadata"],
+    ".hub": ["cached_hub_config", "hub_offline", "hub_reachable"],
+    ".tiny": ["tiny_model_config", "tiny_model_dir"],
+    ".loading": ["DTYPES", "load_model", "resolve_device", "resolve_dtype"],
+    ".fit": ["ModelFitError", "check_model_fit", "read_model_config"],
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'core.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"core.models.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)
