@@ -55,8 +55,8 @@ def validation_loss(model: nn.Module, blocks: Batch, n_blocks: int) -> float:
             losses.append(nll.item() / count)
     if not losses:
         raise ValueError(
-            f"validation: none of the first {n} blocks has a supervised token (a label after position 0); "
-            "raise eval_blocks or use validation data with non-empty outputs"
+            f"stage2 validation: none of the first {n} blocks (eval_blocks={n_blocks}) has a supervised token "
+            "(a label after position 0); raise eval_blocks or use validation data with non-empty outputs"
         )
     return sum(losses) / len(losses)
 

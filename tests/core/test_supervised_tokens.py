@@ -86,7 +86,7 @@ def test_validation_loss_leaves_out_unsupervised_blocks(model):
     good = batch([[False, False] + [True] * 6])
     both = {k: torch.cat([batch([[True] + [False] * 7])[k], good[k]]) for k in good}
     assert validation_loss(model, both, 2) == pytest.approx(lm_loss(model, good).item(), rel=1e-6)
-    with pytest.raises(ValueError, match=r"none of the first 1 blocks has a supervised token.*raise eval_blocks"):
+    with pytest.raises(ValueError, match=r"none of the first 1 blocks \(eval_blocks=1\) has a supervised token.*raise eval_blocks"):
         validation_loss(model, both, 1)
 
 
