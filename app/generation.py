@@ -2,7 +2,8 @@
 
 Teacher and student are one model object (:func:`core.eval.metrics.teacher_context` switches it to the
 original softmax attention with LoRA off), so answers are generated one after the other, each
-holding the model's lock. Tokens stream through transformers' ``TextIteratorStreamer`` while
+holding the model's lock; :func:`warm_up` runs both once, untimed, so that the first timed answer
+does not pay the start-up costs alone. Tokens stream through transformers' ``TextIteratorStreamer`` while
 ``generate`` runs in a helper thread.
 
 A prompt that does not fit the context (``context_tokens - max_new_tokens``) is truncated, keeping
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 STREAM_TIMEOUT_S = 600.0  # longest wait for the next token (another user may hold the model)
+WARM_UP_TOKENS = 2  # tokens each model generates, untimed, before its first timed answer (prefill and decode run)
 
 
 @dataclass
@@ -178,4 +180,17 @@ def generate_answer(loaded, prepared: Prepared, *, teacher: bool, settings: Sett
     return answer
 
 
-__all__ = ["Settings", "Prepared", "Answer", "context_limit", "prepare_prompt", "stream_answer", "generate_answer"]
+def warm_up(loaded, prepared: Prepared, settings: Settings) -> None:
+    """Generate :data:`WARM_UP_TOKENS` tokens of ``prepared`` as the teacher and as the student, untimed.
+
+    One-time costs (kernel compilation and autotuning, allocator growth, lazy initialisation) then
+    fall on neither timed answer, whichever goes first. A failure here is left to the timed answer
+    to report.
+    """
+    short = dataclasses.replace(settings, max_new_tokens=WARM_UP_TOKENS)
+    for teacher in (True, False):
+        generate_answer(loaded, prepared, teacher=teacher, settings=short)
+
+
+__all__ = ["Settings", "Prepared", "Answer", "context_limit", "prepare_prompt", "stream_answer", "generate_answer",
+           "warm_up"]

@@ -13,6 +13,12 @@ from app import common, generation
 WHO = {"teacher": "Teacher · softmax attention", "student": "Student · LoLCATs attention"}
 AVATAR = {"teacher": ":material/school:", "student": ":material/bolt:"}
 MEMORY_LABEL = {"teacher": "KV cache", "student": "state + window cache"}
+TIMING_NOTE = (
+    "Times are wall-clock seconds of each model's own generation, one model after the other on this machine. "
+    f"Before the first timed answer both models generated {generation.WARM_UP_TOKENS} tokens untimed, so neither "
+    "time includes start-up costs (kernel compilation, memory allocation). \"First token\" includes reading the "
+    "whole prompt; tok/s counts every new token over the whole answer."
+)
 
 
 def _stats(who: str, a: dict) -> str:
@@ -86,6 +92,16 @@ def _answer_live(lm, prepared, who: str, settings) -> dict:
     return a
 
 
+def _warm_up_once(lm, prepared, settings) -> None:
+    """:func:`app.generation.warm_up` before this session's first timed answer from ``lm``."""
+    warm = st.session_state.setdefault("chat_warm_models", set())
+    if id(lm) in warm:
+        return
+    with st.spinner("Warming up both models (untimed), so that neither answer pays the start-up costs..."):
+        generation.warm_up(lm, prepared, settings)
+    warm.add(id(lm))
+
+
 def main() -> None:
     st.title("Chat")
     st.caption("One message, two answers: the original model (teacher) and its linearized version (student).")
@@ -107,7 +123,9 @@ def main() -> None:
         _show_exchange(ex)
     message = st.chat_input("Message both models", key="chat_input")
     if not message:
-        if not history:
+        if history:
+            st.caption(TIMING_NOTE)
+        else:
             st.info("Type a message below: the teacher answers first, then the student, token by token.")
         return
     with st.chat_message("user"):
@@ -120,11 +138,13 @@ def main() -> None:
     if prepared.notice:
         st.warning(prepared.notice, icon=":material/content_cut:")
     exchange = {"message": message, "notice": prepared.notice, "prompt_tokens": prepared.prompt_tokens}
+    _warm_up_once(lm, prepared, settings)
     cols = st.columns(2)
     for col, who in zip(cols, ("teacher", "student")):
         with col:
             exchange[who] = _answer_live(lm, prepared, who, settings)
     history.append(exchange)
+    st.caption(TIMING_NOTE)
 
 
 main()

@@ -1,5 +1,6 @@
 """Jobs: every job with its live state (from the database, so a reload or a second browser shows the
-same thing), cancel and resume, logs, and the error that ended a job."""
+same thing), cancel and resume, logs, the headline figures of a finished conversion, and the error
+that ended a job (its tab only when there is one)."""
 
 from __future__ import annotations
 
@@ -89,13 +90,18 @@ def _details(job: JobInfo) -> None:
         (st.warning if job.status == "interrupted" else st.info)(job.status_reason)
     if job.cancel_requested and not job.is_terminal:
         st.info("Cancel requested: the job stops at its next step.")
+    result = common.report(job)
+    if result is not None and job.kind == common.CONVERT:
+        _headline(job, result)
     _actions(job)
     meta = {"kind": job.kind, "attempt": job.attempt, "created": common.local_time(job.created_at),
             "started": common.local_time(job.started_at), "finished": common.local_time(job.finished_at),
             "heartbeat": common.local_time(job.heartbeat_at), "process": job.pid, "worker": job.worker_id,
             "run folder": str(job.run_dir or "")}
-    tabs = st.tabs(["Log", "Error details", "Result", "Config", "Info"])
-    with tabs[0]:
+    has_error = bool(job.error or job.log_tail)
+    names = ["Log", *(["Error details"] if has_error else []), "Result", "Config", "Info"]
+    tabs = dict(zip(names, st.tabs(names)))
+    with tabs["Log"]:
         events = api.job_events(job.id, **common.ws())[-300:]
         lines = [f"{common.local_time(e.time)} [{e.source}#{e.attempt}] {e.level.upper() if e.level != 'info' else ''}"
                  f"{' ' if e.level != 'info' else ''}{e.message}" for e in events]
@@ -104,33 +110,39 @@ def _details(job: JobInfo) -> None:
         if runner_log and runner_log.is_file():
             with st.expander("Process output (runner.log, last lines)"):
                 st.code(_tail(runner_log), language=None)
-    with tabs[1]:
-        if job.log_tail:
-            st.code(job.log_tail, language=None)
-        else:
-            st.caption("No error recorded.")
-    with tabs[2]:
-        result = common.report(job)
+    if has_error:
+        with tabs["Error details"]:
+            st.code(job.log_tail or job.error, language=None)
+    with tabs["Result"]:
         if result is None:
             st.caption("The result appears when the job succeeds.")
         else:
             _result(job, result)
-    with tabs[3]:
+    with tabs["Config"]:
         st.code(json.dumps(job.config, indent=2), language="json")
-    with tabs[4]:
+    with tabs["Info"]:
         st.json(meta)
+
+
+def _headline(job: JobInfo, result: dict) -> None:
+    """The conversion's figures in one row: perplexities, their ratio, passkey accuracy, time taken."""
+    cols = st.columns(5)
+    cols[0].metric("Teacher perplexity", common.fmt_number(result.get("teacher_ppl")))
+    cols[1].metric("Student perplexity", common.fmt_number(result.get("student_ppl")))
+    cols[2].metric("Ratio", common.fmt_number(result.get("ppl_ratio"), 3), help="student / teacher perplexity")
+    passkey = result.get("passkey") or {}
+    cols[3].metric("Passkey (student / teacher)",
+                   f"{common.fmt_number(passkey.get('student_accuracy'), 2)} / "
+                   f"{common.fmt_number(passkey.get('teacher_accuracy'), 2)}")
+    seconds = (result.get("timings") or {}).get("total_s")
+    if seconds is None and job.started_at and job.finished_at:
+        seconds = (job.finished_at - job.started_at).total_seconds()
+    cols[4].metric("Time", common.fmt_duration(seconds) or "n/a", help="load, teacher evaluation, both stages "
+                                                                      "and the final evaluation")
 
 
 def _result(job: JobInfo, result: dict) -> None:
     if job.kind == common.CONVERT:
-        cols = st.columns(4)
-        cols[0].metric("Teacher perplexity", common.fmt_number(result.get("teacher_ppl")))
-        cols[1].metric("Student perplexity", common.fmt_number(result.get("student_ppl")))
-        cols[2].metric("Ratio", common.fmt_number(result.get("ppl_ratio"), 3))
-        passkey = result.get("passkey") or {}
-        cols[3].metric("Passkey (student / teacher)",
-                       f"{common.fmt_number(passkey.get('student_accuracy'), 2)} / "
-                       f"{common.fmt_number(passkey.get('teacher_accuracy'), 2)}")
         for sample in (result.get("samples") or [])[:3]:
             with st.expander(f"Sample: {str(sample.get('prompt', ''))[:80]}"):
                 c1, c2 = st.columns(2)

@@ -17,7 +17,8 @@ from core.data.formats import (
     tokenize_text,
 )
 from core.data.loading import load_blocks, load_data, load_rows, load_spec_data, read_options
-from core.data.packing import DataSplits, TokenBlocks, build_blocks, pack_examples, pad_examples, split_indices
+from core.data.packing import (DataSplits, TokenBlocks, build_blocks, pack_examples, pad_examples, split_indices,
+                               supervised_mask)
 from core.data.sources import (
     BUNDLED_ALIASES,
     BUNDLED_DATASETS,
@@ -37,6 +38,7 @@ __all__ = [
     "BUNDLED_DATASETS",
     "FILE_BUILDERS",
     "IGNORE_INDEX",
+    "supervised_mask",
     "INSTRUCTION_FIELDS",
     "BundledDataset",
     "DataError",

@@ -83,6 +83,8 @@ def load_data(
         "validation_rows": len(val_idx),
         "train_blocks": len(train),
         "validation_blocks": len(validation),
+        "train_blocks_dropped": train.dropped,  # blocks with no supervised token, left out
+        "validation_blocks_dropped": validation.dropped,
         "seq_len": seq_len,
         "train_label_tokens": train.num_label_tokens,
     }

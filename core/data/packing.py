@@ -19,11 +19,12 @@ from core.data.validation import DataError
 class TokenBlocks(torch.utils.data.Dataset):
     """Fixed-length training blocks: ``input_ids``, ``labels``, ``attention_mask``, each ``[N, seq_len]``."""
 
-    def __init__(self, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor):
+    def __init__(self, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor, dropped: int = 0):
         assert input_ids.shape == labels.shape == attention_mask.shape and input_ids.dim() == 2
         self.input_ids = input_ids
         self.labels = labels
         self.attention_mask = attention_mask
+        self.dropped = dropped  # blocks left out because they held no supervised token
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -58,7 +59,8 @@ class TokenBlocks(torch.utils.data.Dataset):
 
     @property
     def num_label_tokens(self) -> int:
-        return int((self.labels != IGNORE_INDEX).sum())
+        """Supervised tokens (see :func:`supervised_mask`): the targets the next-token loss scores."""
+        return int(supervised_mask(self.labels).sum())
 
     @classmethod
     def empty(cls, seq_len: int) -> "TokenBlocks":
@@ -74,11 +76,21 @@ class DataSplits:
     info: dict[str, Any]  # row and token counts, for logs and reports
 
 
+def supervised_mask(labels: torch.Tensor) -> torch.Tensor:
+    """``labels[..., 1:] != -100``: the tokens a next-token loss scores, ``[..., L - 1]``.
+
+    Position ``t`` predicts token ``t + 1``, so a label at position 0 is never a target: a block
+    is supervised when at least one label sits at a position ``>= 1``.
+    """
+    return labels[..., 1:] != IGNORE_INDEX
+
+
 def pack_examples(examples: list[tuple[np.ndarray, np.ndarray]], seq_len: int, name: str = "data") -> TokenBlocks:
     """Concatenate examples (each already ends in EOS) and cut the stream into ``seq_len`` blocks.
 
-    The tail shorter than ``seq_len`` is dropped, and so is any block whose labels are all
-    ``-100`` (nothing to learn from). Raises :class:`DataError` when no block is left.
+    The tail shorter than ``seq_len`` is dropped, and so is any block with no supervised token
+    (:func:`supervised_mask`; nothing to learn from), counted in ``dropped``. Raises
+    :class:`DataError` when no block is left.
     """
     if seq_len < 1:
         raise DataError(f"seq_len must be >= 1, got {seq_len}")
@@ -93,14 +105,14 @@ def pack_examples(examples: list[tuple[np.ndarray, np.ndarray]], seq_len: int, n
     n = total // seq_len
     ids = torch.from_numpy(ids[: n * seq_len].reshape(n, seq_len))  # [N, L]
     labels = torch.from_numpy(labels[: n * seq_len].reshape(n, seq_len))  # [N, L]
-    keep = (labels != IGNORE_INDEX).any(dim=1)
+    keep = supervised_mask(labels).any(dim=1)
     if not keep.any():
         raise DataError(
-            f"{name}: all {n} packed blocks of seq_len={seq_len} hold only prompt tokens (labels "
-            f"masked); raise seq_len or use examples with non-empty outputs"
+            f"{name}: all {n} packed blocks of seq_len={seq_len} hold only prompt tokens (no label after "
+            f"the first position); raise seq_len or use examples with non-empty outputs"
         )
     ids, labels = ids[keep].contiguous(), labels[keep].contiguous()
-    return TokenBlocks(ids, labels, torch.ones_like(ids))
+    return TokenBlocks(ids, labels, torch.ones_like(ids), dropped=n - int(keep.sum()))
 
 
 def pad_examples(
@@ -108,14 +120,15 @@ def pad_examples(
 ) -> TokenBlocks:
     """One example per row: truncate to ``seq_len``, right-pad with ``pad_id`` (label -100, mask 0).
 
-    Rows whose labels were all cut off are dropped; raises :class:`DataError` when none is left.
+    Rows left with no supervised token (:func:`supervised_mask`) are dropped, counted in
+    ``dropped``; raises :class:`DataError` when none is left.
     """
     if seq_len < 1:
         raise DataError(f"seq_len must be >= 1, got {seq_len}")
     rows = []
     for ids, labels in examples:
         ids, labels = ids[:seq_len], labels[:seq_len]
-        if (labels != IGNORE_INDEX).any():
+        if supervised_mask(torch.from_numpy(labels)).any():
             rows.append((ids, labels))
     if not rows:
         raise DataError(
@@ -128,7 +141,7 @@ def pad_examples(
         input_ids[r, : len(ids)] = torch.from_numpy(ids)
         out_labels[r, : len(ids)] = torch.from_numpy(labels)
         mask[r, : len(ids)] = 1
-    return TokenBlocks(input_ids, out_labels, mask)
+    return TokenBlocks(input_ids, out_labels, mask, dropped=len(examples) - len(rows))
 
 
 def build_blocks(rows: Rows, tokenizer, seq_len: int, pack: bool = True, name: str = "data") -> TokenBlocks:

@@ -10,9 +10,11 @@ import math
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from core.config import Stage2Spec
+from core.data import IGNORE_INDEX, supervised_mask
 from core.attention.surgery import set_mode
 from core.train.lora import add_lora, base_model
 from core.progress import ProgressCallback
@@ -20,17 +22,43 @@ from core.train.loop import Batch, LoopSpec, load_best, run_loop
 from core.train.parallel import ONE_PROCESS, Parallel
 
 
+def label_nll(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
+    """``(sum of next-token NLL, count)`` over the supervised tokens of ``batch``.
+
+    The logits at position ``t`` score ``labels[t + 1]`` (see :func:`core.data.supervised_mask`);
+    labels -100 are skipped. A batch with no supervised token gives ``(0, 0)``, the zero still
+    attached to the graph so that its backward is a zero gradient.
+    """
+    labels = batch["labels"]
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False).logits
+    targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]  # [B, L]: the token each position predicts
+    nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                          ignore_index=IGNORE_INDEX, reduction="sum")
+    return nll, int(supervised_mask(labels).sum())
+
+
 def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """Mean next-token cross-entropy over label tokens (labels -100 are ignored)."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"], use_cache=False)
-    return out.loss
+    """Mean next-token cross-entropy over the supervised tokens; 0 (zero gradient) when there are none."""
+    nll, count = label_nll(model, batch)
+    return nll / max(count, 1)
 
 
 @torch.no_grad()
 def validation_loss(model: nn.Module, blocks: Batch, n_blocks: int) -> float:
+    """Mean over the first ``n_blocks`` blocks of each block's :func:`lm_loss`; blocks without a
+    supervised token have no loss and are left out of the mean."""
     device = next(model.parameters()).device
     n = min(n_blocks, blocks["input_ids"].shape[0])
-    losses = [lm_loss(model, {k: v[i : i + 1].to(device) for k, v in blocks.items()}).item() for i in range(n)]
+    losses = []
+    for i in range(n):
+        nll, count = label_nll(model, {k: v[i : i + 1].to(device) for k, v in blocks.items()})
+        if count:
+            losses.append(nll.item() / count)
+    if not losses:
+        raise ValueError(
+            f"stage2 validation: none of the first {n} blocks (eval_blocks={n_blocks}) has a supervised token "
+            "(a label after position 0); raise eval_blocks or use validation data with non-empty outputs"
+        )
     return sum(losses) / len(losses)
 
 

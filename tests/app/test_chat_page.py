@@ -44,6 +44,33 @@ def test_both_models_answer_with_speed_and_memory(seeded_ws):
     assert len(_answers(at)) == 4
 
 
+def test_both_models_warm_up_before_the_first_timed_answer(seeded_ws, monkeypatch):
+    """The teacher answers first: untimed warm-up of both models keeps its first answer from paying
+    the start-up costs alone, and the caption says what the times include."""
+    from app import generation
+
+    calls = []
+    stream = generation.stream_answer
+
+    def recording(loaded, prepared, *, teacher, settings, answer=None):
+        calls.append(("teacher" if teacher else "student", settings.max_new_tokens))
+        return stream(loaded, prepared, teacher=teacher, settings=settings, answer=answer)
+
+    monkeypatch.setattr(generation, "stream_answer", recording)
+    at = open_page("views/chat.py")
+    widget(at, "selectbox", "chat_conversion").set_value(seeded_ws.conversion).run()
+    widget(at, "number_input", "chat_max_new").set_value(5).run()
+    _send(at, "What is two plus two?")
+    warm = generation.WARM_UP_TOKENS
+    assert calls == [("teacher", warm), ("student", warm), ("teacher", 5), ("student", 5)]
+    assert len(_answers(at)) == 2
+    note = [c.value for c in at.caption if c.value.startswith("Times are wall-clock seconds")]
+    assert len(note) == 1 and f"both models generated {warm} tokens untimed" in note[0]
+    assert "\"First token\" includes reading the whole prompt" in note[0]
+    _send(at, "And three plus three?")  # warmed once: the second message is timed straight away
+    assert calls[4:] == [("teacher", 5), ("student", 5)]
+
+
 def test_sampling_settings_are_used(seeded_ws):
     at = open_page("views/chat.py")
     widget(at, "selectbox", "chat_conversion").set_value(seeded_ws.conversion).run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from app.common import fmt_duration
 from core.config import PRESETS
 from jobs import api, store
 from jobs.db import open_db
@@ -35,6 +36,7 @@ def test_failed_job_shows_why_and_offers_resume(seeded_ws):
     assert not button(at, f"resume_{seeded_ws.failed}").disabled
     assert button(at, f"cancel_{seeded_ws.failed}").disabled
     assert "RuntimeError" in texts(at)  # the traceback tail, under "Error details"
+    assert [t.label for t in at.tabs] == ["Log", "Error details", "Result", "Config", "Info"]
 
 
 def test_succeeded_conversion_shows_its_report(seeded_ws):
@@ -46,6 +48,20 @@ def test_succeeded_conversion_shows_its_report(seeded_ws):
     assert metrics["Student perplexity"] == f"{report['student_ppl']:.4g}"
     log = texts(at)
     assert "succeeded" in log and "teacher held-out perplexity" in log  # the job's own log lines
+
+
+def test_succeeded_conversion_has_its_figures_on_top_and_no_error_tab(seeded_ws):
+    at = open_page("views/jobs.py")
+    widget(at, "selectbox", "jobs_selected").set_value(seeded_ws.conversion).run()
+    report = api.job_report(seeded_ws.conversion, workspace=seeded_ws.workspace)
+    assert [t.label for t in at.tabs] == ["Log", "Result", "Config", "Info"]
+    assert not any(tab.get("metric") for tab in at.tabs)  # the figures are not a click away
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Ratio"] == f"{report['ppl_ratio']:.3g}"
+    passkey = report["passkey"]
+    assert metrics["Passkey (student / teacher)"] == (f"{passkey['student_accuracy']:.2g} / "
+                                                     f"{passkey['teacher_accuracy']:.2g}")
+    assert metrics["Time"] == fmt_duration(report["timings"]["total_s"]) and metrics["Time"].endswith("s")
 
 
 def test_empty_state_launches_the_demo(fresh_ws):
