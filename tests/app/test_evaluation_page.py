@@ -111,3 +111,16 @@ def test_without_any_conversion_the_page_offers_the_demo(fresh_ws):
     at = open_page(PAGE)
     assert "The Evaluation view needs a finished conversion" in texts(at)
     assert button(at, "eval_demo")
+
+
+def test_a_running_evaluation_shows_items_done_of_total(evaluated_ws):
+    ws, conversion, _ = evaluated_ws
+    db = open_db(ws)
+    job_id = store.insert_job(db, "evaluate", {"run": f"runs/{conversion}", "tasks": "offline", "limit": 3},
+                              name="live")
+    claim = store.claim_next_job(db, "otherhost:1:1")
+    store.heartbeat(db, job_id, claim.attempt, stage="teacher_tasks", step=4, total=9, metrics={"requests": 16.0})
+    at = open_page(PAGE)
+    [bar] = at.get("progress")
+    assert bar.proto.text == f"#{job_id} live on offline: teacher tasks 4/9 items"
+    assert bar.proto.value == 44  # percent
