@@ -286,3 +286,61 @@ def benchmark_figures(result: dict[str, Any]) -> dict[str, go.Figure]:
         "memory_vs_batch": _bench_figure(result, "batch_size", memory, "Peak memory vs batch size", False),
         "memory_vs_context": _bench_figure(result, "prompt_length", memory, "Peak memory vs context length", False),
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# Task accuracy (core.eval.harness results: TASK -> {"metric", "teacher": {...}, "student": {...}, ...})
+# ----------------------------------------------------------------------------------------------
+
+PATTERNS = ["", "/", "x", ".", "\\", "+"]  # one bar pattern per compared run
+
+
+def headline(entry: dict[str, Any], role: str) -> tuple[float | None, float | None]:
+    """``(value, standard error)`` of the entry's headline metric for ``role`` (teacher / student)."""
+    metric = entry.get("metric")
+    if metric is None:
+        return None, None
+    scores = entry.get(role) or {}
+    return scores.get(metric), scores.get(f"{metric}_stderr")
+
+
+def retention(entry: dict[str, Any]) -> float | None:
+    """Student over teacher on the headline metric; None when the teacher scores 0 or either is missing."""
+    teacher, _ = headline(entry, "teacher")
+    student, _ = headline(entry, "student")
+    return student / teacher if teacher and student is not None else None
+
+
+def task_bars(runs: dict[str, dict[str, dict]], *, title: str = "Task accuracy: teacher vs student") -> go.Figure:
+    """Grouped bars per task: teacher and student headline metric of every run (``label -> results``),
+    error bars of ±1 standard error (lm-eval's ``<metric>_stderr``); runs differ by bar pattern."""
+    fig = go.Figure()
+    for i, (label, results) in enumerate(runs.items()):
+        tasks = list(results)
+        for role, colour in COLORS.items():
+            values = [headline(results[t], role) for t in tasks]
+            name = role if len(runs) == 1 else f"{label} · {role}"
+            fig.add_trace(go.Bar(
+                x=tasks, y=[v for v, _ in values], name=name, legendgroup=label,
+                error_y={"type": "data", "array": [e for _, e in values], "visible": True},
+                marker={"color": colour, "pattern": {"shape": PATTERNS[i % len(PATTERNS)]}},
+                customdata=[[results[t]["metric"], e] for t, (_, e) in zip(tasks, values)],
+                hovertemplate="%{x}<br>%{customdata[0]} %{y:.3f} ± %{customdata[1]:.3f}<extra>" + name + "</extra>",
+            ))
+    fig.update_layout(title=title, template=TEMPLATE, barmode="group", xaxis_title="task",
+                      yaxis_title="score (headline metric)", yaxis_range=[0, 1], height=420, margin={"t": 60, "b": 40})
+    return fig
+
+
+def retention_bars(runs: dict[str, dict[str, dict]]) -> go.Figure:
+    """Per task, the student's score as a fraction of the teacher's (:func:`retention`), one bar per run;
+    the dotted line at 1 is parity."""
+    fig = go.Figure()
+    for label, results in runs.items():
+        tasks = list(results)
+        fig.add_trace(go.Bar(x=tasks, y=[retention(results[t]) for t in tasks], name=label,
+                             hovertemplate="%{x}<br>student / teacher %{y:.3f}<extra>" + label + "</extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
+    fig.update_layout(title="Retention: student / teacher", template=TEMPLATE, barmode="group", xaxis_title="task",
+                      yaxis_title="student / teacher", height=360, margin={"t": 60, "b": 40})
+    return fig

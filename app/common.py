@@ -35,6 +35,7 @@ PAGES = {  # page scripts, relative to app/streamlit_app.py
     "launch": "views/launch.py",
     "jobs": "views/jobs.py",
     "layers": "views/layers.py",
+    "evaluation": "views/evaluation.py",
     "attention": "views/attention.py",
     "throughput": "views/throughput.py",
     "chat": "views/chat.py",
@@ -232,6 +233,7 @@ def stage_eta(job: JobInfo, points: list[MetricPoint]) -> float | None:
 STAGE_NAMES = {  # progress stages of a conversion (core.pipeline.convert) and a benchmark (core.bench)
     "teacher_eval": "teacher perplexity", "stage1": "stage 1: attention transfer", "stage2": "stage 2: LoRA",
     "student_eval": "student perplexity", "student_val": "student validation", "bench": "benchmark",
+    "teacher_tasks": "teacher tasks", "student_tasks": "student tasks",
 }
 
 

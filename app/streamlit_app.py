@@ -19,6 +19,7 @@ pages = {
         st.Page("views/launch.py", title="Launch", icon=":material/rocket_launch:", default=True),
         st.Page("views/jobs.py", title="Jobs", icon=":material/list:"),
         st.Page("views/layers.py", title="Layers", icon=":material/stacked_line_chart:"),
+        st.Page("views/evaluation.py", title="Evaluation", icon=":material/fact_check:"),
     ],
     "Inspect": [
         st.Page("views/attention.py", title="Attention", icon=":material/grid_on:"),

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable
 
-from pydantic import AfterValidator, TypeAdapter, ValidationError, ValidationInfo
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo
 
 from core.config import PRESET_DESCRIPTIONS
 from core.config import PRESETS as CONVERT_PRESETS
@@ -242,3 +242,56 @@ register_kind(JobKind(
 register_preset("bench-cpu", "benchmark", {"batch_sizes": [1, 4], "prompt_lengths": [256, 1024], "gen_lengths": [8],
                                            "threads": 1},
                 "a few minutes on CPU: batch 1-4, context 256-1024")
+
+
+class EvaluateConfig(BaseModel):
+    """The ``evaluate`` kind's config: task accuracy of one converted model, teacher vs student."""
+
+    model_config = ConfigDict(extra="forbid")
+    run: WorkspacePath  # a run folder (a conversion job's is runs/<id>) or an export, in the workspace
+    tasks: str = "offline"  # lm-eval task names, comma-separated, or 'paper' / 'offline'
+    num_fewshot: int | None = Field(None, ge=0)  # None: each task's own count
+    limit: int | None = Field(None, ge=1)  # at most this many items per task
+    batch_size: int = Field(1, ge=1)
+
+
+EXPORT_CONFIG = "lolcats.json"  # an export's marker file (core.pipeline.runs.EXPORT_CONFIG, which imports torch)
+
+
+class RunFolderMissing(ValueError):
+    """The ``run`` of an evaluation is neither a converted run folder nor an export."""
+
+    field = "run"
+
+    def __init__(self, problem: str):
+        super().__init__(f"run: {problem}")
+        self.problem = problem
+
+
+def check_evaluate(config: EvaluateConfig, workspace: Path | None) -> None:
+    """Refuse at submit a ``run`` that holds no converted model (reads file names only: no torch)."""
+    path = Path(workspace or Path.cwd()) / config.run
+    is_run = (path / "config.json").is_file() and any((path / stage).is_dir() for stage in ("stage1", "stage2"))
+    if not (is_run or (path / EXPORT_CONFIG).is_file()):
+        raise RunFolderMissing(f"{config.run!r} is not a converted run folder (config.json and stage checkpoints) "
+                               f"or an export ({EXPORT_CONFIG}); give the run folder of a finished conversion, "
+                               "e.g. runs/<job id>")
+
+
+def run_evaluate_job(config: EvaluateConfig, run_dir: Path, progress) -> dict:
+    """The ``evaluate`` kind: teacher and student on ``config.tasks`` (report.json); each finished task
+    is kept in ``run_dir/tasks`` and a resumed job skips it."""
+    from core.eval.harness import evaluate_tasks  # torch and lm-eval load here, in the job process only
+
+    return evaluate_tasks(Path.cwd() / config.run, config.tasks, num_fewshot=config.num_fewshot, limit=config.limit,
+                          batch_size=config.batch_size, output=run_dir / "report.json", progress=progress,
+                          workspace=Path.cwd(), cache_dir=run_dir / "tasks")
+
+
+register_kind(JobKind(
+    name="evaluate",
+    config_model=EvaluateConfig,
+    run=run_evaluate_job,
+    check=check_evaluate,
+    description="Task accuracy of a converted model and its teacher through lm-evaluation-harness (report.json).",
+))

@@ -1,7 +1,10 @@
-"""``lolcats eval``: held-out perplexity, per-layer attention MSE and passkey retrieval of a converted model.
+"""``lolcats eval``: held-out perplexity, per-layer attention MSE and passkey retrieval of a converted model,
+or, with ``--tasks``, task accuracy of teacher and student through lm-evaluation-harness.
 
-Prints a short summary (teacher and student perplexity, their ratio, passkey accuracy) and
-writes the whole report, per-layer values included, as JSON (default ``<run>/eval.json``).
+Without ``--tasks``: prints a short summary (teacher and student perplexity, their ratio, passkey
+accuracy) and writes the whole report, per-layer values included, as JSON (default ``<run>/eval.json``).
+With ``--tasks``: prints one row per task (teacher, student, paired difference and its 95% interval)
+and writes :func:`core.eval.harness.evaluate_tasks`'s result JSON (default ``<run>/tasks.json``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from rich.table import Table
 from core.cli.common import RichProgress, WorkspaceOpt, cli_errors, console
 
 EVAL_FILE = "eval.json"
+TASKS_FILE = "tasks.json"
 
 
 def summary_table(report: dict) -> Table:
@@ -29,6 +33,26 @@ def summary_table(report: dict) -> Table:
     return table
 
 
+def tasks_table(report: dict) -> Table:
+    """One row per evaluated task or group: items, headline metric, teacher, student, diff [95% CI],
+    in percent (``-``: not measured)."""
+    table = Table(title="task scores (%)", show_header=True)
+    for column in ("task", "n", "metric", "teacher", "student", "diff [95% CI]"):
+        table.add_column(column, justify="left" if column in ("task", "metric") else "right")
+    for name, entry in report["results"].items():
+        metric = entry["metric"]
+        ci = entry["diff_ci95"]
+        diff = percent(entry["diff"], "+") + (f" [{percent(ci[0], '+')}, {percent(ci[1], '+')}]" if ci else "")
+        table.add_row(name, str(entry["n"]), metric or "-", percent(entry["teacher"].get(metric)),
+                      percent(entry["student"].get(metric)), diff)
+    return table
+
+
+def percent(value: float | None, sign: str = "") -> str:
+    """``value`` (a fraction) in percent with one decimal, ``-`` for None; ``sign="+"`` shows the sign."""
+    return "-" if value is None else f"{100 * value:{sign}.1f}"
+
+
 @cli_errors()
 def evaluate(
     run: Path = typer.Argument(..., help="Run folder or exported folder."),
@@ -36,10 +60,28 @@ def evaluate(
     seq_len: int = typer.Option(256, help="Block length for perplexity."),
     passkey_trials: Optional[int] = typer.Option(None, min=0, help="Passkey trials per length and depth (default: "
                                                  "the run's eval settings; 0 skips the passkey test)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help=f"JSON report (default: RUN/{EVAL_FILE})."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Task accuracy instead: comma-separated lm-eval task "
+                                        "names (piqa,arc_easy,...), 'paper' (the LoLCATs suite) or 'offline' (the "
+                                        "bundled tasks, no network)."),
+    num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="With --tasks: few-shot examples "
+                                              "for every task (default: the task's own; 'paper' uses 5 for MMLU)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="With --tasks: at most N items per task."),
+    batch_size: int = typer.Option(1, "--batch-size", min=1, help="With --tasks: lm-eval batch size."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help=f"JSON report (default: RUN/{EVAL_FILE}, "
+                                          f"with --tasks RUN/{TASKS_FILE})."),
     workspace: Optional[Path] = WorkspaceOpt,
 ) -> None:
-    """Held-out perplexity of teacher and student, per-layer attention MSE and passkey retrieval."""
+    """Held-out perplexity of teacher and student, per-layer attention MSE and passkey retrieval;
+    with --tasks, task accuracy of both through lm-evaluation-harness."""
+    if tasks is not None:
+        from core.eval.harness import evaluate_tasks
+
+        with RichProgress() as progress:
+            report = evaluate_tasks(run, tasks, num_fewshot=num_fewshot, limit=limit, batch_size=batch_size,
+                                    output=output or run / TASKS_FILE, progress=progress, workspace=workspace)
+        console.print(tasks_table(report))
+        console.print(f"report: {output or run / TASKS_FILE}")
+        return
     from core.config import build_config
     from core.eval.metrics import per_layer_mse, perplexity, teacher_context
     from core.io import atomic_write_json

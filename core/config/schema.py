@@ -150,6 +150,9 @@ class EvalSpec(_Spec):
     passkey_trials: int = Field(2, ge=0)
     samples: int = Field(3, ge=0)
     max_new_tokens: int = Field(48, ge=1)
+    # task accuracy after converting (core.eval.harness): lm-eval task names, 'paper' or 'offline'
+    tasks: str | None = None
+    tasks_limit: int | None = Field(None, ge=1)  # at most this many items per task
 
 
 class ConvertConfig(_Spec):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import json
 import math
 import os
 import time
@@ -31,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from core.config import ConfigError
 from core.eval.metrics import teacher_context
 from core.eval.pairing import CI_METHOD, paired_difference, paired_items
 from core.io import atomic_write_json
@@ -64,7 +66,7 @@ def resolve_tasks(tasks: str | Sequence[str], num_fewshot: int | None = None) ->
         elif name:
             resolved[name] = num_fewshot
     if not resolved:
-        raise ValueError("no tasks given: name lm-eval tasks (e.g. piqa,arc_easy), or use 'paper' or 'offline'")
+        raise ConfigError("no tasks given: name lm-eval tasks (e.g. piqa,arc_easy), or use 'paper' or 'offline'")
     return resolved
 
 
@@ -76,14 +78,14 @@ def task_manager():
 
 
 def check_known(names: Sequence[str], manager) -> None:
-    """ValueError naming the unknown tasks and the closest known names."""
+    """:class:`ConfigError` naming the unknown tasks and the closest known names."""
     import difflib
 
     known = set(manager.all_tasks)
     unknown = [n for n in names if n not in known]
     if unknown:
         hints = {n: difflib.get_close_matches(n, known, n=3) for n in unknown}
-        raise ValueError("unknown lm-eval task(s): " + "; ".join(
+        raise ConfigError("unknown lm-eval task(s): " + "; ".join(
             f"{n} (did you mean {', '.join(h)}?)" if h else n for n, h in hints.items()))
 
 
@@ -205,38 +207,92 @@ def entries(results: dict[str, Any]) -> list[str]:
 def evaluate_tasks(run: str | os.PathLike, tasks: str | Sequence[str], num_fewshot: int | None = None,
                    limit: int | float | None = None, batch_size: int | str = 1,
                    output: str | os.PathLike | None = None, progress: ProgressCallback | None = None,
-                   device: str = "auto", workspace=None) -> dict[str, Any]:
+                   device: str = "auto", workspace=None, cache_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Teacher and student of ``run`` (a run folder or an export) on ``tasks``; see the module doc.
 
-    ``limit`` caps the items per task (lm-eval's ``--limit``). Progress: ``on_step`` with stage
-    ``teacher_tasks`` / ``student_tasks``, items done / items total of the current request kind
-    (loglikelihood, generation; see :func:`reporting_lm`). Writes the result JSON to ``output``
-    atomically."""
-    import lm_eval
-
-    from core.pipeline.runs import load_converted
-
-    progress = progress or NullProgress()
+    Unknown task names raise :class:`ConfigError` before the model loads. The rest is
+    :func:`evaluate_model` on the loaded model; writes the result JSON to ``output`` atomically."""
     resolved = resolve_tasks(tasks, num_fewshot)
     manager = task_manager()
     check_known(list(resolved), manager)
+    from core.pipeline.runs import load_converted
+
     model, tokenizer, info = load_converted(run, device=device, workspace=workspace)
-    lm = reporting_lm(model, tokenizer, batch_size, progress)
-    by_model, wall = {}, {}
-    for role in ("teacher", "student"):
-        progress.on_log(f"lm-eval: {role} on {', '.join(resolved)}")
-        lm.stage = f"{role}_tasks"
-        start = time.perf_counter()
-        with teacher_context(model) if role == "teacher" else contextlib.nullcontext():
-            by_model[role] = run_lm_eval(lm, resolved, limit, manager)
-        wall[role] = round(time.perf_counter() - start, 3)
-    report = {
-        "results": {name: compare(name, by_model["teacher"], by_model["student"]) for name in entries(by_model["teacher"])},
-        "config": {"run": str(Path(run).resolve()), "run_kind": info["kind"], "tasks": resolved,
-                   "n_shot": by_model["teacher"]["n-shot"], "limit": limit, "batch_size": batch_size,
-                   "device": str(lm.device), "ci95": CI_METHOD, "wall_s": wall},
-        "lm_eval_version": lm_eval.__version__,
-    }
+    report = evaluate_model(model, tokenizer, resolved, limit, batch_size, progress, cache_dir, manager)
+    report["config"] = {"run": str(Path(run).resolve()), "run_kind": info["kind"], **report["config"]}
     if output is not None:
         atomic_write_json(output, report)
     return report
+
+
+def evaluate_model(model, tokenizer, tasks: str | Sequence[str] | dict[str, int | None],
+                   limit: int | float | None = None, batch_size: int | str = 1,
+                   progress: ProgressCallback | None = None, cache_dir: str | os.PathLike | None = None,
+                   manager=None) -> dict[str, Any]:
+    """Teacher and student of an in-memory converted ``model`` on ``tasks`` (names, or the
+    name -> few-shot dict of :func:`resolve_tasks`).
+
+    ``limit`` caps the items per task (lm-eval's ``--limit``). Progress: ``on_step`` with stage
+    ``teacher_tasks`` / ``student_tasks``, items done / items total of the current request kind
+    (loglikelihood, generation; see :func:`reporting_lm`).
+
+    Without ``cache_dir`` all tasks run in one lm-eval pass per model. With it, each task runs on
+    its own (teacher, then student) and its entries are saved as ``cache_dir/<task>.json``; a later
+    call with the same few-shot count and limit reads a saved task back instead of running it,
+    so an evaluation stopped between tasks resumes at the first unfinished one."""
+    import lm_eval
+
+    progress = progress or NullProgress()
+    resolved = tasks if isinstance(tasks, dict) else resolve_tasks(tasks)
+    manager = manager or task_manager()
+    check_known(list(resolved), manager)
+    lm = reporting_lm(model, tokenizer, batch_size, progress)
+    batches = [resolved] if cache_dir is None else [{name: shots} for name, shots in resolved.items()]
+    results: dict[str, Any] = {}
+    n_shot: dict[str, Any] = {}
+    wall = dict.fromkeys(("teacher", "student"), 0.0)
+    for batch in batches:
+        cache = None if cache_dir is None else Path(cache_dir) / f"{next(iter(batch))}.json"
+        done = _read_cache(cache, batch, limit)
+        if done is None:
+            done = _evaluate_batch(lm, model, batch, limit, manager, progress)
+            if cache is not None:
+                atomic_write_json(cache, {"tasks": batch, "limit": limit, **done})
+        else:
+            progress.on_log(f"lm-eval: {', '.join(batch)} already evaluated ({cache})")
+        results.update(done["results"])
+        n_shot.update(done["n_shot"])
+        for role in wall:
+            wall[role] = round(wall[role] + done["wall_s"][role], 3)
+    return {
+        "results": dict(sorted(results.items())),
+        "config": {"tasks": resolved, "n_shot": n_shot, "limit": limit, "batch_size": batch_size,
+                   "device": str(lm.device), "ci95": CI_METHOD, "wall_s": wall},
+        "lm_eval_version": lm_eval.__version__,
+    }
+
+
+def _evaluate_batch(lm, model, tasks: dict[str, int | None], limit, manager, progress) -> dict[str, Any]:
+    """Both models on ``tasks``: ``{"results": {name: entry}, "n_shot": {...}, "wall_s": {role: s}}``."""
+    by_model, wall = {}, {}
+    for role in ("teacher", "student"):
+        progress.on_log(f"lm-eval: {role} on {', '.join(tasks)}")
+        lm.stage = f"{role}_tasks"
+        start = time.perf_counter()
+        with teacher_context(model) if role == "teacher" else contextlib.nullcontext():
+            by_model[role] = run_lm_eval(lm, tasks, limit, manager)
+        wall[role] = round(time.perf_counter() - start, 3)
+    return {"results": {name: compare(name, by_model["teacher"], by_model["student"])
+                        for name in entries(by_model["teacher"])},
+            "n_shot": by_model["teacher"]["n-shot"], "wall_s": wall}
+
+
+def _read_cache(path: Path | None, tasks: dict[str, int | None], limit) -> dict[str, Any] | None:
+    """A saved task's entries when ``path`` holds them for the same few-shot count and limit."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if saved.get("tasks") == tasks and saved.get("limit") == limit else None

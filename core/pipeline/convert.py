@@ -6,7 +6,9 @@ Run folder layout (all under ``output``)::
     teacher.json      teacher perplexity, measured once before conversion
     stage1/{last,best}/, stage2/{last,best}/   checkpoints (safetensors + JSON)
     stage1/summary.json, stage2/summary.json   a finished stage's training summary
-    report.json       teacher_ppl, student_ppl, ppl_ratio, per_layer_mse, passkey, samples, timings
+    report.json       teacher_ppl, student_ppl, ppl_ratio, per_layer_mse, passkey, samples, timings,
+                      and ``tasks`` (the task-accuracy result of core.eval.harness) when ``eval.tasks`` is set
+    tasks/<task>.json  a finished task's teacher/student entries (a resumed run skips it)
 
 A killed or stopped run resumes with ``resume=True``: finished stages are loaded from their best
 checkpoint, an unfinished one continues from its last checkpoint.
@@ -26,6 +28,7 @@ from torch import nn
 from core.attention.surgery import linearize
 from core.config import ConvertConfig, EvalSpec
 from core.data import load_blocks, load_rows, read_options
+from core.eval.harness import check_known, evaluate_model, resolve_tasks, task_manager
 from core.eval.metrics import passkey, per_layer_mse, perplexity, samples, teacher_context
 from core.io import atomic_write_json
 from core.pipeline.prelude import save_stage_summary, stage_finished, stage_summary, start_run
@@ -35,6 +38,7 @@ from core.train.finetune_lora import train_stage2, wrap_for_stage2
 from core.train.loop import load_best
 
 REPORT_FILE = "report.json"
+TASKS_DIR = "tasks"
 
 
 def eval_text_blocks(config: ConvertConfig, tokenizer) -> dict[str, torch.Tensor]:
@@ -53,6 +57,8 @@ def run_convert(
     """Run (or resume) a conversion; writes and returns ``report.json``."""
     progress = progress or NullProgress()
     output = Path(output)
+    if config.eval.tasks:  # refuse unknown task names before training, not after
+        check_known(list(resolve_tasks(config.eval.tasks)), task_manager())
     dumped = config.model_dump()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -88,6 +94,11 @@ def run_convert(
     t = time.perf_counter()
     report = evaluate_run(model, tokenizer, config, eval_blocks, val, teacher_ppl, progress)
     timings["eval_s"] = time.perf_counter() - t
+    if config.eval.tasks:
+        t = time.perf_counter()
+        report["tasks"] = evaluate_model(model, tokenizer, config.eval.tasks, limit=config.eval.tasks_limit,
+                                         progress=progress, cache_dir=output / TASKS_DIR)
+        timings["tasks_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
     report.update({"timings": timings, "training": result, "data": run.data_info, "config": dumped})
     atomic_write_json(output / REPORT_FILE, report)

@@ -1,5 +1,6 @@
 """Task accuracy through lm-evaluation-harness: the result schema on a tiny-test run, the teacher
-against lm-eval's own CLI, the paired interval on known data, and the offline task files' fairness."""
+against lm-eval's own CLI, the paired interval on known data, the offline task files' fairness,
+the scores a conversion reports when its config asks, and a stopped evaluation's resume."""
 
 import collections
 import json
@@ -16,9 +17,11 @@ from core.eval.pairing import paired_difference
 from core.eval.tasks.build import build
 from core.models import tiny_model_dir
 from core.pipeline.convert import run_convert
-from core.progress import RecordingProgress
+from core.config import ConfigError
+from core.progress import RecordingProgress, StopRequested
 
 LIMIT = 20
+TASKS_LIMIT = 5  # the conversion's own evaluation (eval.tasks_limit)
 OFFLINE = ["lolcats_gsm8k_answer", "lolcats_kjv_lastword", "lolcats_kjv_next"]
 
 
@@ -30,7 +33,7 @@ def workspace(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_run(workspace):
     out = workspace / "runs" / "tiny"
-    run_convert(preset("tiny-test"), out, workspace=workspace)
+    run_convert(preset("tiny-test", eval={"tasks": "offline", "tasks_limit": TASKS_LIMIT}), out, workspace=workspace)
     return out
 
 
@@ -135,11 +138,11 @@ def test_resolve_tasks():
     assert offline_tasks() == OFFLINE
     assert resolve_tasks("offline, piqa") == {**dict.fromkeys(OFFLINE), "piqa": None}
     assert resolve_tasks(["arc_easy"], num_fewshot=3) == {"arc_easy": 3}
-    with pytest.raises(ValueError, match="no tasks"):
+    with pytest.raises(ConfigError, match="no tasks"):
         resolve_tasks(" , ")
     manager = task_manager()
     check_known([*OFFLINE, "lolcats_offline", "piqa", "mmlu"], manager)
-    with pytest.raises(ValueError, match="lolcats_kjv_nxt.*did you mean lolcats_kjv_next"):
+    with pytest.raises(ConfigError, match="lolcats_kjv_nxt.*did you mean lolcats_kjv_next"):
         check_known(["lolcats_kjv_nxt"], manager)
 
 
@@ -179,3 +182,59 @@ def test_builder_reproduces_the_committed_files(tmp_path):
     assert set(counts) == set(OFFLINE)
     for path in sorted((TASKS_DIR / "data").glob("*.jsonl")):
         assert (tmp_path / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def conversion_tasks(tiny_run) -> dict:
+    return json.loads((tiny_run / "report.json").read_text())["tasks"]
+
+
+def assert_same_scores(results: dict, expected: dict) -> None:
+    assert set(results) == set(expected)
+    for task, entry in expected.items():
+        assert results[task]["n"] == entry["n"]
+        for role in ("teacher", "student"):
+            assert results[task][role] == pytest.approx(entry[role], abs=1e-9), (task, role)
+
+
+def test_a_conversion_reports_the_task_scores_its_config_asks_for(tiny_run, workspace):
+    tasks = conversion_tasks(tiny_run)
+    assert set(tasks["results"]) == set(OFFLINE) and tasks["config"]["limit"] == TASKS_LIMIT
+    assert all(entry["n"] == TASKS_LIMIT and entry["metric"] == "acc" for entry in tasks["results"].values())
+    assert sorted(p.stem for p in (tiny_run / "tasks").glob("*.json")) == OFFLINE  # kept for a resume
+    # the model in memory at the end of the conversion scores exactly as the run folder loaded back
+    reloaded = evaluate_tasks(tiny_run, "offline", limit=TASKS_LIMIT, workspace=workspace)
+    assert_same_scores(reloaded["results"], tasks["results"])
+
+
+def test_unknown_task_names_are_refused_before_the_model_loads(tmp_path):
+    with pytest.raises(ConfigError, match="unknown lm-eval task"):
+        evaluate_tasks(tmp_path / "no-such-run", "lolcats_kjv_nxt")
+
+
+class StopAfterFirstTask(RecordingProgress):
+    """Asks to stop as soon as one finished task is saved in ``cache``."""
+
+    def __init__(self, cache):
+        super().__init__()
+        self.cache = cache
+
+    def should_stop(self) -> bool:
+        return any(self.cache.glob("*.json"))
+
+
+def test_a_stopped_evaluation_resumes_at_the_first_unfinished_task(tiny_run, workspace, tmp_path):
+    cache = tmp_path / "tasks"
+    with pytest.raises(StopRequested):
+        evaluate_tasks(tiny_run, "offline", limit=TASKS_LIMIT, cache_dir=cache, progress=StopAfterFirstTask(cache),
+                       workspace=workspace)
+    assert [p.stem for p in cache.glob("*.json")] == [OFFLINE[0]]
+    progress = RecordingProgress()
+    resumed = evaluate_tasks(tiny_run, "offline", limit=TASKS_LIMIT, cache_dir=cache, progress=progress,
+                             workspace=workspace)
+    assert [m for m in progress.logs if "already evaluated" in m] == [
+        f"lm-eval: {OFFLINE[0]} already evaluated ({cache / OFFLINE[0]}.json)"]
+    teacher_runs = [m for m in progress.logs if m.startswith("lm-eval: teacher on")]
+    assert teacher_runs == [f"lm-eval: teacher on {task}" for task in OFFLINE[1:]]
+    assert {s[2] for s in progress.steps} == {TASKS_LIMIT}  # one task at a time
+    assert_same_scores(resumed["results"], conversion_tasks(tiny_run)["results"])
+    assert resumed["config"]["tasks"] == dict.fromkeys(OFFLINE) and resumed["config"]["limit"] == TASKS_LIMIT

@@ -1,0 +1,61 @@
+"""``lolcats eval RUN --tasks``: task accuracy of teacher and student through the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from core.cli import register
+from core.config import preset
+from core.eval.harness import offline_tasks
+from core.pipeline.convert import run_convert
+
+runner = CliRunner()
+LIMIT = 3
+
+
+@pytest.fixture(scope="module")
+def cli() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return tmp_path_factory.mktemp("ws")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(workspace):
+    out = workspace / "runs" / "tiny"
+    run_convert(preset("tiny-test"), out, workspace=workspace)
+    return out
+
+
+def test_tasks_print_a_table_and_write_the_report(cli, tiny_run, workspace, tmp_path):
+    path = tmp_path / "tasks.json"
+    result = runner.invoke(cli, ["eval", str(tiny_run), "--tasks", "offline", "--limit", str(LIMIT), "-o", str(path),
+                                 "--workspace", str(workspace)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(path.read_text())
+    assert set(report["results"]) == set(offline_tasks())
+    assert report["config"]["limit"] == LIMIT and report["config"]["batch_size"] == 1
+    assert "task scores (%)" in result.output and "diff [95% CI]" in result.output and f"report: {path}" in result.output
+    for task, entry in report["results"].items():
+        assert entry["n"] == LIMIT
+        lo, hi = entry["diff_ci95"]
+        row = next(line for line in result.output.splitlines() if line.startswith(f"│ {task} "))
+        assert f"{100 * entry['teacher']['acc']:.1f}" in row and f"{100 * entry['student']['acc']:.1f}" in row
+        assert f"{100 * entry['diff']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" in row, result.output
+    assert not (tiny_run / "eval.json").exists()  # the perplexity report is not written with --tasks
+
+
+def test_an_unknown_task_is_one_line_naming_the_closest_names(cli, tiny_run, workspace):
+    result = runner.invoke(cli, ["eval", str(tiny_run), "--tasks", "lolcats_kjv_nxt", "--workspace", str(workspace)])
+    assert result.exit_code == 1
+    assert "unknown lm-eval task(s): lolcats_kjv_nxt (did you mean lolcats_kjv_next" in result.output
+    assert "Traceback" not in result.output

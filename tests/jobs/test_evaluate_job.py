@@ -1,0 +1,87 @@
+"""The ``evaluate`` job kind: task accuracy of a tiny-test run through a real worker, its progress
+rows, the checks at submit, and a cancelled evaluation that resumes at its first unfinished task."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from jobs import api
+from jobs.errors import ConfigError
+from jobs_testutil import run_dir, wait_for, wait_status
+
+OFFLINE = ["lolcats_gsm8k_answer", "lolcats_kjv_lastword", "lolcats_kjv_next"]
+LIMIT = 5
+CONFIG = {"run": "runs/tiny", "tasks": "offline", "limit": LIMIT}
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """A workspace holding a tiny-test run (runs/tiny) and the models it needs, built once."""
+    from core.config import preset
+    from core.pipeline.convert import run_convert
+
+    root = tmp_path_factory.mktemp("template")
+    run_convert(preset("tiny-test"), root / "runs" / "tiny", workspace=root)
+    return root
+
+
+@pytest.fixture
+def tiny_ws(ws, template):
+    for part in ("models", "runs"):
+        shutil.copytree(template / part, ws / part)
+    return ws
+
+
+def test_an_evaluation_job_succeeds_with_the_report_and_progress_rows(tiny_ws, start_worker):
+    job_id = api.submit_job("evaluate", CONFIG, workspace=tiny_ws).id
+    worker = start_worker("--exit-when-idle")
+    assert worker.wait(600) == 0, worker.output()
+    info = api.get_job(job_id, workspace=tiny_ws)
+    assert info.status == "succeeded", (info.error, info.log_tail)
+    report = json.loads((run_dir(tiny_ws, job_id) / "report.json").read_text())
+    assert info.result == report
+    assert set(report["results"]) == set(OFFLINE) and report["config"]["limit"] == LIMIT
+    assert report["config"]["run"] == str((tiny_ws / "runs" / "tiny").resolve())
+    for entry in report["results"].values():
+        assert entry["n"] == LIMIT and entry["metric"] == "acc"
+        for role in ("teacher", "student"):
+            assert {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"} <= set(entry[role])
+        lo, hi = entry["diff_ci95"]
+        assert lo <= entry["diff"] <= hi
+    assert sorted(p.stem for p in (run_dir(tiny_ws, job_id) / "tasks").glob("*.json")) == OFFLINE
+    rows = api.job_metrics(job_id, name="requests", workspace=tiny_ws)
+    for stage in ("teacher_tasks", "student_tasks"):
+        steps = [(m.step, m.value) for m in rows if m.stage == stage]
+        assert steps == [(LIMIT, LIMIT * 4.0)] * len(OFFLINE)  # one chunk per task, 4 choices an item
+    assert (info.progress_stage, info.progress_step, info.progress_total) == ("student_tasks", LIMIT, LIMIT)
+
+
+def test_submit_refuses_a_run_outside_the_workspace_or_without_a_model(tiny_ws):
+    with pytest.raises(ConfigError, match="run"):
+        api.submit_job("evaluate", {**CONFIG, "run": "../elsewhere"}, workspace=tiny_ws)
+    with pytest.raises(ConfigError, match="'runs/missing' is not a converted run folder"):
+        api.submit_job("evaluate", {**CONFIG, "run": "runs/missing"}, workspace=tiny_ws)
+    with pytest.raises(ConfigError, match="limit"):
+        api.submit_job("evaluate", {**CONFIG, "limit": 0}, workspace=tiny_ws)
+
+
+def test_a_cancelled_evaluation_resumes_at_its_first_unfinished_task(tiny_ws, start_worker):
+    job_id = api.submit_job("evaluate", CONFIG, workspace=tiny_ws).id
+    start_worker()
+    first = run_dir(tiny_ws, job_id) / "tasks" / f"{OFFLINE[0]}.json"
+    wait_for(first.is_file, 300, what="the first task to finish")
+    api.cancel_job(job_id, workspace=tiny_ws)
+    info = wait_status(tiny_ws, job_id, ("cancelled", "succeeded"), timeout=120)
+    assert info.status == "cancelled", "the job finished before the cancel request reached it"
+    saved = json.loads(first.read_text())
+    assert api.resume_job(job_id, workspace=tiny_ws).attempt == 2
+    info = wait_status(tiny_ws, job_id, ("succeeded", "failed"), timeout=300)
+    assert info.status == "succeeded", (info.error, info.log_tail)
+    events = [e.message for e in api.job_events(job_id, workspace=tiny_ws) if e.attempt == 2]
+    assert any(m.startswith(f"lm-eval: {OFFLINE[0]} already evaluated") for m in events), events
+    assert f"lm-eval: teacher on {OFFLINE[0]}" not in events
+    assert info.result["results"][OFFLINE[0]] == saved["results"][OFFLINE[0]]
+    assert set(info.result["results"]) == set(OFFLINE)
