@@ -1,7 +1,7 @@
 """Chat generation for the workbench: one prompt, answered by the teacher and by the student.
 
 Teacher and student are one model object (:func:`core.eval.metrics.teacher_context` switches it to the
-original softmax attention with LoRA off), so answers are generated one after the other, each
+original softmax attention with LoRA off, and an export to its base model's weights), so answers are generated one after the other, each
 holding the model's lock. Tokens stream through transformers' ``TextIteratorStreamer`` while
 ``generate`` runs in a helper thread.
 
@@ -170,6 +170,15 @@ def stream_answer(loaded, prepared: Prepared, *, teacher: bool, settings: Settin
     answer.peak_cuda_bytes = state.get("peak_cuda")
 
 
+def teacher_unavailable(loaded) -> str | None:
+    """Why ``loaded`` has no true teacher to answer (an export whose base model cannot be loaded,
+    :func:`core.export.teacher.teacher_problem`); None when it has one."""
+    from core.export.teacher import teacher_problem
+
+    with loaded.lock:
+        return teacher_problem(loaded.model)
+
+
 def generate_answer(loaded, prepared: Prepared, *, teacher: bool, settings: Settings) -> Answer:
     """The whole answer at once (scripts and tests)."""
     answer = Answer()
@@ -178,4 +187,5 @@ def generate_answer(loaded, prepared: Prepared, *, teacher: bool, settings: Sett
     return answer
 
 
-__all__ = ["Settings", "Prepared", "Answer", "context_limit", "prepare_prompt", "stream_answer", "generate_answer"]
+__all__ = ["Settings", "Prepared", "Answer", "context_limit", "prepare_prompt", "stream_answer", "generate_answer",
+           "teacher_unavailable"]

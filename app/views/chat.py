@@ -33,7 +33,9 @@ def _stats(who: str, a: dict) -> str:
 def _show_answer(who: str, a: dict) -> None:
     with st.chat_message("assistant", avatar=AVATAR[who]):
         st.markdown(f"**{WHO[who]}**")
-        if a.get("error"):
+        if a.get("unavailable"):
+            st.warning(f"Teacher unavailable: {a['unavailable']}", icon=":material/school:")
+        elif a.get("error"):
             st.error(f"Generation failed: {a['error']}")
         else:
             st.markdown(a["text"].strip() or "_(empty answer: only whitespace or special tokens)_")
@@ -121,9 +123,14 @@ def main() -> None:
         st.warning(prepared.notice, icon=":material/content_cut:")
     exchange = {"message": message, "notice": prepared.notice, "prompt_tokens": prepared.prompt_tokens}
     cols = st.columns(2)
+    unavailable = generation.teacher_unavailable(lm)
     for col, who in zip(cols, ("teacher", "student")):
         with col:
-            exchange[who] = _answer_live(lm, prepared, who, settings)
+            if who == "teacher" and unavailable:
+                exchange[who] = {"unavailable": unavailable}
+                _show_answer(who, exchange[who])
+            else:
+                exchange[who] = _answer_live(lm, prepared, who, settings)
     history.append(exchange)
 
 

@@ -4,7 +4,9 @@
   tensors -> LoRA wrap -> stage-2 best tensors.
 * Export (:func:`export`): LoRA merged into the base weights, saved with ``save_pretrained``
   (feature maps and mixing factors included in the safetensors) plus ``lolcats.json`` holding
-  the conversion config. Loading rebuilds the architecture and reads every tensor back.
+  the conversion config and the base model. Loading rebuilds the architecture and reads every
+  tensor back; the teacher of an export is its base model, loaded when first needed
+  (:mod:`core.export.teacher`), not the merged weights with softmax attention.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from core.train.checkpoint import CheckpointError, load_trainable, refuse_pickle
 from core.config import AttentionSpec, ConvertConfig
 from core.attention.surgery import linearize
 from core.train.lora import merge_lora
+from core.export.teacher import TEACHER_ATTRIBUTE, ExportTeacher, base_model_metadata
 from core.models import load_model, resolve_device
 from core.pipeline.prelude import load_teacher
 from core.train.finetune_lora import wrap_for_stage2
@@ -51,16 +54,33 @@ def load_converted(path: str | os.PathLike, device: str = "auto", workspace=None
 
 
 def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=None) -> Path:
-    """Write a standalone folder with LoRA merged; :func:`load_converted` reads it back."""
+    """Write a standalone folder with LoRA merged; :func:`load_converted` reads it back.
+
+    ``lolcats.json`` holds the attention spec, the run's config and its base model
+    (:func:`core.export.teacher.base_model_metadata`), which teacher comparisons load."""
     model, tokenizer, info = load_converted(run_dir, device="cpu", workspace=workspace)
+    config = ConvertConfig.model_validate(info["config"])
     model = merge_lora(model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / EXPORT_CONFIG).write_text(json.dumps({"linearize": model.lolcats_config.model_dump(),
-                                                 "source_run": str(Path(run_dir).resolve())}, indent=2))
+    meta = {"linearize": model.lolcats_config.model_dump(),
+            "base_model": base_model_metadata(config.model.model_dump(), model),
+            "config": config.model_dump(), "source_run": str(Path(run_dir).resolve())}
+    (out / EXPORT_CONFIG).write_text(json.dumps(meta, indent=2))
     return out
+
+
+def _export_base_model(meta: dict) -> dict | None:
+    """The base model an export names; for an export from before it was recorded, the one in its
+    source run's config.json when that run folder still exists."""
+    if meta.get("base_model"):
+        return meta["base_model"]
+    run_config = Path(meta.get("source_run", "")) / "config.json"
+    if meta.get("source_run") and run_config.is_file():
+        return json.loads(run_config.read_text())["model"]
+    return None
 
 
 def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object, dict]:
@@ -77,4 +97,5 @@ def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object,
         raise CheckpointError(f"{path} has no feature-map tensors; was it exported by `lolcats export`?")
     load_trainable(model, extras, f"exported model {path}")
     model.to(resolve_device(device)).eval()
+    setattr(model, TEACHER_ATTRIBUTE, ExportTeacher(_export_base_model(meta), workspace))
     return model, tokenizer, {"kind": "export", **meta}
