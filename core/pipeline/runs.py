@@ -23,7 +23,8 @@ from core.config import AttentionSpec, ConvertConfig
 from core.attention.surgery import linearize
 from core.train.lora import merge_lora
 from core.export.teacher import TEACHER_ATTRIBUTE, ExportTeacher, base_model_metadata
-from core.models import load_model, resolve_device
+from core.export.modeling import MODEL_CLASS, MODELING_FILE, auto_map, modeling_source
+from core.models import resolve_device
 from core.pipeline.prelude import load_teacher
 from core.train.finetune_lora import wrap_for_stage2
 from core.train.loop import load_best
@@ -65,6 +66,7 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=Non
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    write_modeling_code(out, type(model).__name__, model.lolcats_config.model_dump())
     meta = {"linearize": model.lolcats_config.model_dump(),
             "base_model": base_model_metadata(config.model.model_dump(), model),
             "config": config.model_dump(), "source_run": str(Path(run_dir).resolve())}
@@ -83,9 +85,35 @@ def _export_base_model(meta: dict) -> dict | None:
     return None
 
 
+def write_modeling_code(out: Path, base_class: str, spec: dict) -> None:
+    """Make ``out`` loadable by plain transformers: the generated ``modeling_lolcats.py``
+    (:mod:`core.export.modeling`) and, in ``config.json``, ``auto_map`` pointing at it, the
+    ``architectures`` it defines and ``lolcats``, the attention spec it converts with."""
+    (out / MODELING_FILE).write_text(modeling_source(base_class))
+    config_file = out / "config.json"
+    config = json.loads(config_file.read_text())
+    config.update({"architectures": [MODEL_CLASS], "auto_map": auto_map(), "lolcats": spec})
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _load_base_architecture(path: Path) -> tuple[nn.Module, object]:
+    """The export's weights in transformers' own class of its base architecture (never the exported
+    modeling code, which ``trust_remote_code=False`` leaves alone); the LoLCATs tensors are then
+    loaded by :func:`_load_export` after conversion."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, dtype="auto")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not a complete exported model ({type(exc).__name__}: {exc}); "
+                              "export the run again with `lolcats export`") from exc
+    return model, tokenizer
+
+
 def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object, dict]:
     meta = json.loads((path / EXPORT_CONFIG).read_text())
-    model, tokenizer = load_model(str(path), device="cpu", workspace=workspace)
+    model, tokenizer = _load_base_architecture(path)
     saved = dict(meta["linearize"])
     if "attention" in saved:  # exported before the spec took the YAML's names: attention -> kind
         saved["kind"] = saved.pop("attention")

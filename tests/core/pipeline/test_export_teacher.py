@@ -13,23 +13,15 @@ from core.cli import register
 from core.config import preset
 from core.eval.metrics import perplexity, teacher_context
 from core.export.teacher import TEACHER_ATTRIBUTE, TeacherUnavailableError, teacher_problem
-from core.pipeline.convert import eval_text_blocks, run_convert
-from core.pipeline.runs import EXPORT_CONFIG, export, load_converted
+from core.pipeline.convert import eval_text_blocks
+from core.pipeline.runs import EXPORT_CONFIG, load_converted
 
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    return tmp_path_factory.mktemp("ws")
-
-
-@pytest.fixture(scope="module")
-def exported(workspace):
-    """A finished tiny-test run, its report and its export."""
-    run = workspace / "runs" / "tiny"
-    report = run_convert(preset("tiny-test"), run, workspace=workspace)
-    return run, report, export(run, workspace / "export", workspace=workspace)
+@pytest.fixture
+def workspace(export_workspace):
+    return export_workspace
 
 
 def _cli() -> typer.Typer:
