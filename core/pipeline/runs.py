@@ -23,6 +23,7 @@ from core.config import AttentionSpec, ConvertConfig
 from core.attention.surgery import linearize
 from core.train.lora import merge_lora
 from core.export.teacher import TEACHER_ATTRIBUTE, ExportTeacher, base_model_metadata
+from core.export.card import CARD_FILE, model_card
 from core.export.modeling import MODEL_CLASS, MODELING_FILE, auto_map, modeling_source
 from core.models import resolve_device
 from core.pipeline.prelude import load_teacher
@@ -58,7 +59,9 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=Non
     """Write a standalone folder with LoRA merged; :func:`load_converted` reads it back.
 
     ``lolcats.json`` holds the attention spec, the run's config and its base model
-    (:func:`core.export.teacher.base_model_metadata`), which teacher comparisons load."""
+    (:func:`core.export.teacher.base_model_metadata`), which teacher comparisons load; the
+    folder also carries its modeling code (:func:`write_modeling_code`) and its model card
+    (:func:`core.export.card.model_card`)."""
     model, tokenizer, info = load_converted(run_dir, device="cpu", workspace=workspace)
     config = ConvertConfig.model_validate(info["config"])
     model = merge_lora(model)
@@ -71,7 +74,18 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=Non
             "base_model": base_model_metadata(config.model.model_dump(), model),
             "config": config.model_dump(), "source_run": str(Path(run_dir).resolve())}
     (out / EXPORT_CONFIG).write_text(json.dumps(meta, indent=2))
+    (out / CARD_FILE).write_text(model_card(Path(run_dir), meta["base_model"], meta["linearize"], out.name))
     return out
+
+
+def push_to_hub(folder: str | os.PathLike, repo_id: str, private: bool = False) -> str:
+    """Upload an exported folder to the Hugging Face Hub repository ``repo_id`` (created if needed,
+    with the token of ``huggingface-cli login`` or ``HF_TOKEN``); returns the commit URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    return str(api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message="LoLCATs export"))
 
 
 def _export_base_model(meta: dict) -> dict | None:
