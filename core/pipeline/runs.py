@@ -115,14 +115,30 @@ def _load_base_architecture(path: Path) -> tuple[nn.Module, object]:
     modeling code, which ``trust_remote_code=False`` leaves alone); the LoLCATs tensors are then
     loaded by :func:`_load_export` after conversion."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the LoLCATs tensors are unexpected here by design: checked below
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, dtype="auto")
+        model, loading = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, dtype="auto",
+                                                              output_loading_info=True)
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{path} is not a complete exported model ({type(exc).__name__}: {exc}); "
                               "export the run again with `lolcats export`") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    unexpected = sorted(k for k in loading["unexpected_keys"] if not _is_lolcats_tensor(k))
+    if loading["missing_keys"] or unexpected:
+        raise CheckpointError(f"{path} does not hold the weights its config.json describes (missing: "
+                              f"{sorted(loading['missing_keys'])[:5]}, unexpected: {unexpected[:5]}); "
+                              "export the run again with `lolcats export`")
     return model, tokenizer
+
+
+def _is_lolcats_tensor(name: str) -> bool:
+    """Feature-map weights and mixing factors: the tensors conversion adds to a layer."""
+    return ".feature_map_" in name or name.endswith(".mix")
 
 
 def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object, dict]:
@@ -134,7 +150,7 @@ def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object,
     linearize(model, AttentionSpec.model_validate(saved))
     extras = {}
     for file in sorted(path.glob("*.safetensors")):
-        extras.update({k: v for k, v in load_file(str(file)).items() if ".feature_map_" in k or k.endswith(".mix")})
+        extras.update({k: v for k, v in load_file(str(file)).items() if _is_lolcats_tensor(k)})
     if not extras:
         raise CheckpointError(f"{path} has no feature-map tensors; was it exported by `lolcats export`?")
     load_trainable(model, extras, f"exported model {path}")
