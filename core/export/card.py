@@ -156,4 +156,4 @@ def _evaluation(report: dict, spec: dict) -> list[str]:
     return lines
 
 
-__all__ = ["CARD_FILE", "model_card", "base_model_license", "training_tokens"]
+__all__ = ["CARD_FILE", "base_model_license", "model_card", "training_tokens"]

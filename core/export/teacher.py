@@ -11,9 +11,9 @@ match the export, :class:`TeacherUnavailableError` says so; callers show that in
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -109,5 +109,11 @@ def swap_in_teacher(model: nn.Module) -> Callable[[], None]:
     return (lambda: None) if teacher is None else teacher.swap_in(model)
 
 
-__all__ = ["ExportTeacher", "TeacherUnavailableError", "base_model_metadata", "teacher_problem", "swap_in_teacher",
-           "TEACHER_ATTRIBUTE"]
+__all__ = [
+    "TEACHER_ATTRIBUTE",
+    "ExportTeacher",
+    "TeacherUnavailableError",
+    "base_model_metadata",
+    "swap_in_teacher",
+    "teacher_problem",
+]

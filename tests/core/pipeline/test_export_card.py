@@ -16,7 +16,7 @@ runner = CliRunner()
 
 
 def test_card_describes_the_conversion_and_its_numbers(exported):
-    run, report, out = exported
+    _, report, out = exported
     card = (out / CARD_FILE).read_text()
     assert card.startswith("---\nlibrary_name: transformers\n")
     assert "Base model: `tiny-random-llama`" in card and "license: unknown" in card

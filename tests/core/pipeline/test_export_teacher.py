@@ -12,7 +12,11 @@ from typer.testing import CliRunner
 from core.cli import register
 from core.config import preset
 from core.eval.metrics import perplexity, teacher_context
-from core.export.teacher import TEACHER_ATTRIBUTE, TeacherUnavailableError, teacher_problem
+from core.export.teacher import (
+    TEACHER_ATTRIBUTE,
+    TeacherUnavailableError,
+    teacher_problem,
+)
 from core.pipeline.convert import eval_text_blocks
 from core.pipeline.runs import EXPORT_CONFIG, load_converted
 
@@ -39,7 +43,7 @@ def test_export_names_its_base_model(exported):
 
 
 def test_eval_of_an_export_reports_the_runs_teacher_perplexity(exported, workspace, tmp_path):
-    run, report, out = exported
+    _, report, out = exported
     config = preset("tiny-test")
     result = runner.invoke(_cli(), ["eval", str(out), "--blocks", str(config.eval.ppl_blocks), "--seq-len",
                                     str(config.data.seq_len), "--passkey-trials", "0", "-o", str(tmp_path / "e.json"),
@@ -84,9 +88,8 @@ def test_missing_base_model_says_the_teacher_is_unavailable(exported, workspace,
     problem = teacher_problem(model)
     assert problem and "could not be loaded" in problem and str(tmp_path / "gone") in problem
     before = {n: p.clone() for n, p in model.named_parameters()}
-    with pytest.raises(TeacherUnavailableError, match="could not be loaded"):
-        with teacher_context(model):
-            pass
+    with pytest.raises(TeacherUnavailableError, match="could not be loaded"), teacher_context(model):
+        pass
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # nothing changed
 
     result = runner.invoke(_cli(), ["eval", str(moved), "--blocks", "2", "--seq-len", "64", "--passkey-trials", "0",
