@@ -1,9 +1,10 @@
 """Chat generation for the workbench: one prompt, answered by the teacher and by the student.
 
 Teacher and student are one model object (:func:`core.eval.metrics.teacher_context` switches it to the
-original softmax attention with LoRA off), so answers are generated one after the other, each
-holding the model's lock; :func:`warm_up` runs both once, untimed, so that the first timed answer
-does not pay the start-up costs alone. Tokens stream through transformers' ``TextIteratorStreamer`` while
+original softmax attention with LoRA off, and an export to its base model's weights), so answers
+are generated one after the other, each holding the model's lock; :func:`warm_up` runs both once,
+untimed, so that the first timed answer does not pay the start-up costs alone. Tokens stream
+through transformers' ``TextIteratorStreamer`` while
 ``generate`` runs in a helper thread.
 
 A prompt that does not fit the context (``context_tokens - max_new_tokens``) is truncated, keeping
@@ -172,6 +173,15 @@ def stream_answer(loaded, prepared: Prepared, *, teacher: bool, settings: Settin
     answer.peak_cuda_bytes = state.get("peak_cuda")
 
 
+def teacher_unavailable(loaded) -> str | None:
+    """Why ``loaded`` has no true teacher to answer (an export whose base model cannot be loaded,
+    :func:`core.export.teacher.teacher_problem`); None when it has one."""
+    from core.export.teacher import teacher_problem
+
+    with loaded.lock:
+        return teacher_problem(loaded.model)
+
+
 def generate_answer(loaded, prepared: Prepared, *, teacher: bool, settings: Settings) -> Answer:
     """The whole answer at once (scripts and tests)."""
     answer = Answer()
@@ -181,16 +191,17 @@ def generate_answer(loaded, prepared: Prepared, *, teacher: bool, settings: Sett
 
 
 def warm_up(loaded, prepared: Prepared, settings: Settings) -> None:
-    """Generate :data:`WARM_UP_TOKENS` tokens of ``prepared`` as the teacher and as the student, untimed.
+    """Generate :data:`WARM_UP_TOKENS` tokens of ``prepared`` as the teacher (when it is available) and as
+    the student, untimed.
 
     One-time costs (kernel compilation and autotuning, allocator growth, lazy initialisation) then
     fall on neither timed answer, whichever goes first. A failure here is left to the timed answer
     to report.
     """
     short = dataclasses.replace(settings, max_new_tokens=WARM_UP_TOKENS)
-    for teacher in (True, False):
+    for teacher in ((True, False) if teacher_unavailable(loaded) is None else (False,)):
         generate_answer(loaded, prepared, teacher=teacher, settings=short)
 
 
 __all__ = ["Settings", "Prepared", "Answer", "context_limit", "prepare_prompt", "stream_answer", "generate_answer",
-           "warm_up"]
+           "teacher_unavailable", "warm_up"]

@@ -39,7 +39,9 @@ def _stats(who: str, a: dict) -> str:
 def _show_answer(who: str, a: dict) -> None:
     with st.chat_message("assistant", avatar=AVATAR[who]):
         st.markdown(f"**{WHO[who]}**")
-        if a.get("error"):
+        if a.get("unavailable"):
+            st.warning(f"Teacher unavailable: {a['unavailable']}", icon=":material/school:")
+        elif a.get("error"):
             st.error(f"Generation failed: {a['error']}")
         else:
             st.markdown(a["text"].strip() or "_(empty answer: only whitespace or special tokens)_")
@@ -140,9 +142,14 @@ def main() -> None:
     exchange = {"message": message, "notice": prepared.notice, "prompt_tokens": prepared.prompt_tokens}
     _warm_up_once(lm, prepared, settings)
     cols = st.columns(2)
+    unavailable = generation.teacher_unavailable(lm)
     for col, who in zip(cols, ("teacher", "student")):
         with col:
-            exchange[who] = _answer_live(lm, prepared, who, settings)
+            if who == "teacher" and unavailable:
+                exchange[who] = {"unavailable": unavailable}
+                _show_answer(who, exchange[who])
+            else:
+                exchange[who] = _answer_live(lm, prepared, who, settings)
     history.append(exchange)
     st.caption(TIMING_NOTE)
 

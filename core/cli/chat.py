@@ -17,13 +17,20 @@ def chat(
     max_new_tokens: int = typer.Option(128, help="Tokens to generate per answer."),
     workspace: Optional[Path] = WorkspaceOpt,
 ) -> None:
-    """Terminal chat: each prompt goes to the teacher and to the student."""
+    """Terminal chat: each prompt goes to the teacher and to the student (the student alone when an
+    export's base model, its teacher, cannot be loaded)."""
     from contextlib import nullcontext
 
     from core.eval.metrics import chat_prompt, generate_text, teacher_context
+    from core.export.teacher import teacher_problem
     from core.pipeline.runs import load_converted
 
     model, tokenizer, _ = load_converted(run, workspace=workspace)
+    unavailable = teacher_problem(model)  # an export whose base model cannot be loaded
+    if unavailable:
+        console.print(f"[yellow]teacher unavailable:[/yellow] {unavailable}; only the student answers.", highlight=False)
+    answerers = [("student", nullcontext)] if unavailable else [("teacher", lambda: teacher_context(model)),
+                                                                 ("student", nullcontext)]
     console.print("Type a message (empty line or Ctrl-D to quit).")
     while True:
         try:
@@ -33,8 +40,8 @@ def chat(
         if not message:
             break
         prompt = chat_prompt(tokenizer, message)
-        for name, context in (("teacher", teacher_context(model)), ("student", nullcontext())):
+        for name, context in answerers:
             t0 = time.perf_counter()
-            with context:
+            with context():
                 answer = generate_text(model, tokenizer, prompt, max_new_tokens)
             console.print(f"[cyan]{name}[/cyan] ({time.perf_counter() - t0:.1f}s): {answer}", highlight=False)

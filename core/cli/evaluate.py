@@ -27,8 +27,9 @@ def summary_table(report: dict) -> Table:
     table = Table(show_header=True)
     for column in ("", "teacher", "student"):
         table.add_column(column, justify="right" if column else "left")
-    table.add_row("held-out perplexity", f"{report['teacher_ppl']:.3f}", f"{report['student_ppl']:.3f}")
-    table.add_row("ppl ratio (student / teacher)", "", f"{report['ppl_ratio']:.3f}")
+    teacher_ppl, ratio = (f"{report[k]:.3f}" if report[k] is not None else "-" for k in ("teacher_ppl", "ppl_ratio"))
+    table.add_row("held-out perplexity", teacher_ppl, f"{report['student_ppl']:.3f}")
+    table.add_row("ppl ratio (student / teacher)", "", ratio)
     table.add_row("passkey accuracy", *(f"{key[f'{m}_accuracy']:.0%}" if key else "-" for m in ("teacher", "student")))
     return table
 
@@ -84,24 +85,32 @@ def evaluate(
         return
     from core.config import build_config
     from core.eval.metrics import per_layer_mse, perplexity, teacher_context
+    from core.export.teacher import teacher_problem
     from core.io import atomic_write_json
     from core.pipeline.convert import eval_text_blocks, passkey_report
     from core.pipeline.runs import load_converted
 
     model, tokenizer, info = load_converted(run, workspace=workspace)
-    run_config = info.get("config", {})  # a run folder's own settings; an export has none
+    run_config = info.get("config", {})  # the run's own settings (an export keeps its run's)
     overrides = {} if passkey_trials is None else {"passkey_trials": passkey_trials}
     cfg = build_config({"seed": run_config.get("seed", 0), "data": {"seq_len": seq_len},
                         "eval": {**run_config.get("eval", {}), "ppl_blocks": blocks, **overrides}})
     eval_blocks = eval_text_blocks(cfg, tokenizer)
     with RichProgress() as progress:
         student = perplexity(model, eval_blocks, progress=progress, stage="student")
-        with teacher_context(model):
-            teacher = perplexity(model, eval_blocks, progress=progress, stage="teacher")
+        unavailable = teacher_problem(model)  # an export whose base model cannot be loaded
+        teacher = None
+        if unavailable is None:
+            with teacher_context(model):
+                teacher = perplexity(model, eval_blocks, progress=progress, stage="teacher")
         mse = per_layer_mse(model, eval_blocks, min(blocks, 2))
-        key = passkey_report(model, tokenizer, cfg.eval, cfg.seed) if cfg.eval.passkey_trials else None
-    report = {"teacher_ppl": teacher, "student_ppl": student, "ppl_ratio": student / teacher, "per_layer_mse": mse,
-              "passkey": key, "eval": cfg.eval.model_dump(exclude={"samples", "max_new_tokens"}), "seq_len": seq_len}
+        with_key = cfg.eval.passkey_trials and unavailable is None
+        key = passkey_report(model, tokenizer, cfg.eval, cfg.seed) if with_key else None
+    report = {"teacher_ppl": teacher, "student_ppl": student, "ppl_ratio": None if teacher is None else student / teacher,
+              "per_layer_mse": mse, "passkey": key, "teacher_unavailable": unavailable,
+              "eval": cfg.eval.model_dump(exclude={"samples", "max_new_tokens"}), "seq_len": seq_len}
     path = atomic_write_json(output or run / EVAL_FILE, report)
+    if unavailable:
+        console.print(f"[yellow]teacher unavailable:[/yellow] {unavailable}", highlight=False)
     console.print(summary_table(report))
     console.print(f"report: {path}")

@@ -1,7 +1,8 @@
 """Evaluation: held-out perplexity, per-layer attention MSE, passkey retrieval, generation samples.
 
 Teacher numbers come from the same model object in teacher mode (converted layers compute the
-original softmax attention, LoRA adapters disabled), so no second copy of the weights is needed.
+original softmax attention, LoRA adapters disabled), so no second copy of the weights is needed;
+an exported model swaps its base model's q/k/v/o weights in (:func:`teacher_context`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 
 from core.config import EvalSpec, Stage1Spec
 from core.attention.surgery import decoder_layers, lolcats_modules, set_mode
+from core.export.teacher import swap_in_teacher
 from core.train.lora import base_model
 from core.progress import NullProgress, ProgressCallback
 from core.train.distill_attention import evaluate_layers
@@ -26,8 +28,13 @@ Batch = dict[str, torch.Tensor]
 
 @contextlib.contextmanager
 def teacher_context(model: nn.Module):
-    """Inside the block the model computes the original softmax attention and no LoRA."""
+    """Inside the block the model computes the original softmax attention and no LoRA.
+
+    An exported model (LoRA merged into its weights) also takes its base model's weights for the
+    block (:mod:`core.export.teacher`); when that base model cannot be loaded this raises
+    :class:`core.export.teacher.TeacherUnavailableError` before anything changes."""
     inner = base_model(model)
+    restore_weights = swap_in_teacher(inner)
     set_mode(inner, "teacher")
     adapters = model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()
     try:
@@ -35,6 +42,7 @@ def teacher_context(model: nn.Module):
             yield model
     finally:
         set_mode(inner, "student")
+        restore_weights()
 
 
 @torch.no_grad()

@@ -4,7 +4,9 @@
   tensors -> LoRA wrap -> stage-2 best tensors.
 * Export (:func:`export`): LoRA merged into the base weights, saved with ``save_pretrained``
   (feature maps and mixing factors included in the safetensors) plus ``lolcats.json`` holding
-  the conversion config. Loading rebuilds the architecture and reads every tensor back.
+  the conversion config and the base model. Loading rebuilds the architecture and reads every
+  tensor back; the teacher of an export is its base model, loaded when first needed
+  (:mod:`core.export.teacher`), not the merged weights with softmax attention.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from core.train.checkpoint import CheckpointError, load_trainable, refuse_pickle
 from core.config import AttentionSpec, ConvertConfig
 from core.attention.surgery import linearize
 from core.train.lora import merge_lora
-from core.models import load_model, resolve_device
+from core.export.teacher import TEACHER_ATTRIBUTE, ExportTeacher, base_model_metadata
+from core.export.card import CARD_FILE, model_card
+from core.export.modeling import MODEL_CLASS, MODELING_FILE, auto_map, modeling_source
+from core.models import resolve_device
 from core.pipeline.prelude import load_teacher
 from core.train.finetune_lora import wrap_for_stage2
 from core.train.loop import load_best
@@ -51,30 +56,104 @@ def load_converted(path: str | os.PathLike, device: str = "auto", workspace=None
 
 
 def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=None) -> Path:
-    """Write a standalone folder with LoRA merged; :func:`load_converted` reads it back."""
+    """Write a standalone folder with LoRA merged; :func:`load_converted` reads it back.
+
+    ``lolcats.json`` holds the attention spec, the run's config and its base model
+    (:func:`core.export.teacher.base_model_metadata`), which teacher comparisons load; the
+    folder also carries its modeling code (:func:`write_modeling_code`) and its model card
+    (:func:`core.export.card.model_card`)."""
     model, tokenizer, info = load_converted(run_dir, device="cpu", workspace=workspace)
+    config = ConvertConfig.model_validate(info["config"])
     model = merge_lora(model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / EXPORT_CONFIG).write_text(json.dumps({"linearize": model.lolcats_config.model_dump(),
-                                                 "source_run": str(Path(run_dir).resolve())}, indent=2))
+    write_modeling_code(out, type(model).__name__, model.lolcats_config.model_dump())
+    meta = {"linearize": model.lolcats_config.model_dump(),
+            "base_model": base_model_metadata(config.model.model_dump(), model),
+            "config": config.model_dump(), "source_run": str(Path(run_dir).resolve())}
+    (out / EXPORT_CONFIG).write_text(json.dumps(meta, indent=2))
+    (out / CARD_FILE).write_text(model_card(Path(run_dir), meta["base_model"], meta["linearize"], out.name))
     return out
+
+
+def push_to_hub(folder: str | os.PathLike, repo_id: str, private: bool = False) -> str:
+    """Upload an exported folder to the Hugging Face Hub repository ``repo_id`` (created if needed,
+    with the token of ``huggingface-cli login`` or ``HF_TOKEN``); returns the commit URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    return str(api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message="LoLCATs export"))
+
+
+def _export_base_model(meta: dict) -> dict | None:
+    """The base model an export names; for an export from before it was recorded, the one in its
+    source run's config.json when that run folder still exists."""
+    if meta.get("base_model"):
+        return meta["base_model"]
+    run_config = Path(meta.get("source_run", "")) / "config.json"
+    if meta.get("source_run") and run_config.is_file():
+        return json.loads(run_config.read_text())["model"]
+    return None
+
+
+def write_modeling_code(out: Path, base_class: str, spec: dict) -> None:
+    """Make ``out`` loadable by plain transformers: the generated ``modeling_lolcats.py``
+    (:mod:`core.export.modeling`) and, in ``config.json``, ``auto_map`` pointing at it, the
+    ``architectures`` it defines and ``lolcats``, the attention spec it converts with."""
+    (out / MODELING_FILE).write_text(modeling_source(base_class))
+    config_file = out / "config.json"
+    config = json.loads(config_file.read_text())
+    config.update({"architectures": [MODEL_CLASS], "auto_map": auto_map(), "lolcats": spec})
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _load_base_architecture(path: Path) -> tuple[nn.Module, object]:
+    """The export's weights in transformers' own class of its base architecture (never the exported
+    modeling code, which ``trust_remote_code=False`` leaves alone); the LoLCATs tensors are then
+    loaded by :func:`_load_export` after conversion."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the LoLCATs tensors are unexpected here by design: checked below
+    try:
+        model, loading = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, dtype="auto",
+                                                              output_loading_info=True)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path} is not a complete exported model ({type(exc).__name__}: {exc}); "
+                              "export the run again with `lolcats export`") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    unexpected = sorted(k for k in loading["unexpected_keys"] if not _is_lolcats_tensor(k))
+    if loading["missing_keys"] or unexpected:
+        raise CheckpointError(f"{path} does not hold the weights its config.json describes (missing: "
+                              f"{sorted(loading['missing_keys'])[:5]}, unexpected: {unexpected[:5]}); "
+                              "export the run again with `lolcats export`")
+    return model, tokenizer
+
+
+def _is_lolcats_tensor(name: str) -> bool:
+    """Feature-map weights and mixing factors: the tensors conversion adds to a layer."""
+    return ".feature_map_" in name or name.endswith(".mix")
 
 
 def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object, dict]:
     meta = json.loads((path / EXPORT_CONFIG).read_text())
-    model, tokenizer = load_model(str(path), device="cpu", workspace=workspace)
+    model, tokenizer = _load_base_architecture(path)
     saved = dict(meta["linearize"])
     if "attention" in saved:  # exported before the spec took the YAML's names: attention -> kind
         saved["kind"] = saved.pop("attention")
     linearize(model, AttentionSpec.model_validate(saved))
     extras = {}
     for file in sorted(path.glob("*.safetensors")):
-        extras.update({k: v for k, v in load_file(str(file)).items() if ".feature_map_" in k or k.endswith(".mix")})
+        extras.update({k: v for k, v in load_file(str(file)).items() if _is_lolcats_tensor(k)})
     if not extras:
         raise CheckpointError(f"{path} has no feature-map tensors; was it exported by `lolcats export`?")
     load_trainable(model, extras, f"exported model {path}")
     model.to(resolve_device(device)).eval()
+    setattr(model, TEACHER_ATTRIBUTE, ExportTeacher(_export_base_model(meta), workspace))
     return model, tokenizer, {"kind": "export", **meta}

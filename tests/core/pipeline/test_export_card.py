@@ -1,0 +1,67 @@
+"""The export's model card and ``lolcats export --push-to-hub`` (against a mocked Hub client)."""
+
+from __future__ import annotations
+
+import json
+
+import huggingface_hub
+import typer
+from typer.testing import CliRunner
+
+from core.cli import register
+from core.config import preset
+from core.export.card import CARD_FILE, base_model_license, training_tokens
+
+runner = CliRunner()
+
+
+def test_card_describes_the_conversion_and_its_numbers(exported):
+    _, report, out = exported
+    card = (out / CARD_FILE).read_text()
+    assert card.startswith("---\nlibrary_name: transformers\n")
+    assert "Base model: `tiny-random-llama`" in card and "license: unknown" in card
+    assert f"| held-out perplexity | {report['teacher_ppl']:.3f} | {report['student_ppl']:.3f} |" in card
+    assert f"| ratio (student / teacher) | | {report['ppl_ratio']:.3f} |" in card
+    assert "| passkey accuracy |" in card
+    mse = [v for v in report["per_layer_mse"]]
+    assert f"2 converted layers: mean {sum(mse) / 2:.3g}" in card and f"max {max(mse):.3g}" in card
+    tokens = training_tokens(preset("tiny-test"))
+    assert tokens == {"stage1": 4 * 64, "stage2": 4 * 64}
+    assert f"stage1 {tokens['stage1']:,}, stage2 {tokens['stage2']:,} ({sum(tokens.values()):,} in all)" in card
+    assert f"total {report['timings']['total_s']:.1f} s" in card
+    assert 'AutoModelForCausalLM.from_pretrained("export", trust_remote_code=True)' in card
+    assert "## Limits" in card and "| attention kind | terraced (window 16) |" in card
+
+
+def test_base_model_license_when_known(tmp_path):
+    assert base_model_license("smollm2-135m-instruct") == "apache-2.0"
+    assert base_model_license("tiny-random-llama") is None
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "README.md").write_text("---\nlanguage: en\nlicense: llama3.1\n---\n# A model\n")
+    assert base_model_license(str(tmp_path)) == "llama3.1"
+    (tmp_path / "README.md").write_text("# no front matter\nlicense: mit\n")
+    assert base_model_license(str(tmp_path)) is None
+
+
+def test_push_to_hub_uploads_the_exported_folder(exported, export_workspace, tmp_path, monkeypatch):
+    calls = []
+
+    class FakeApi:
+        def create_repo(self, repo_id, **kwargs):
+            calls.append(("create_repo", repo_id, kwargs))
+
+        def upload_folder(self, **kwargs):
+            calls.append(("upload_folder", kwargs))
+            return "https://huggingface.co/me/tiny-lolcats/commit/abc"
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    run, _, _ = exported
+    app = typer.Typer()
+    register(app)
+    out = tmp_path / "pushed"
+    result = runner.invoke(app, ["export", str(run), str(out), "--push-to-hub", "me/tiny-lolcats", "--private",
+                                 "--workspace", str(export_workspace)])
+    assert result.exit_code == 0, result.output
+    assert calls[0] == ("create_repo", "me/tiny-lolcats", {"private": True, "exist_ok": True})
+    assert calls[1][1]["repo_id"] == "me/tiny-lolcats" and calls[1][1]["folder_path"] == str(out)
+    assert "commit/abc" in result.output and json.loads((out / "lolcats.json").read_text())["base_model"]

@@ -1,0 +1,106 @@
+"""The teacher of an exported model is its base model, not the merged weights with softmax attention."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from core.cli import register
+from core.config import preset
+from core.eval.metrics import perplexity, teacher_context
+from core.export.teacher import (
+    TEACHER_ATTRIBUTE,
+    TeacherUnavailableError,
+    teacher_problem,
+)
+from core.pipeline.convert import eval_text_blocks
+from core.pipeline.runs import EXPORT_CONFIG, load_converted
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def workspace(export_workspace):
+    return export_workspace
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+def test_export_names_its_base_model(exported):
+    _, _, out = exported
+    meta = json.loads((out / EXPORT_CONFIG).read_text())
+    assert meta["base_model"] == {"source": "tiny-random-llama", "dtype": "float32", "trust_remote_code": False,
+                                  "revision": None}
+    assert meta["config"]["model"]["source"] == "tiny-random-llama"
+
+
+def test_eval_of_an_export_reports_the_runs_teacher_perplexity(exported, workspace, tmp_path):
+    _, report, out = exported
+    config = preset("tiny-test")
+    result = runner.invoke(_cli(), ["eval", str(out), "--blocks", str(config.eval.ppl_blocks), "--seq-len",
+                                    str(config.data.seq_len), "--passkey-trials", "0", "-o", str(tmp_path / "e.json"),
+                                    "--workspace", str(workspace)])
+    assert result.exit_code == 0, result.output
+    assert "teacher unavailable" not in result.output
+    got = json.loads((tmp_path / "e.json").read_text())
+    assert got["teacher_ppl"] == pytest.approx(report["teacher_ppl"], rel=1e-4)
+    assert got["student_ppl"] == pytest.approx(report["student_ppl"], rel=1e-4)
+
+    # the merged weights with softmax attention are another model: the swap is what makes it right
+    model, tokenizer, _ = load_converted(out, device="cpu", workspace=workspace)
+    blocks = eval_text_blocks(config, tokenizer)
+    merged_teacher = _softmax_of_merged_weights(model, blocks)
+    assert merged_teacher != pytest.approx(report["teacher_ppl"], rel=1e-4)
+    with teacher_context(model):
+        assert perplexity(model, blocks) == pytest.approx(report["teacher_ppl"], rel=1e-4)
+    assert perplexity(model, blocks) == pytest.approx(report["student_ppl"], rel=1e-4)  # the export's own weights back
+
+
+def _softmax_of_merged_weights(model, blocks) -> float:
+    teacher = getattr(model, TEACHER_ATTRIBUTE)
+    delattr(model, TEACHER_ATTRIBUTE)
+    try:
+        with teacher_context(model):
+            return perplexity(model, blocks)
+    finally:
+        setattr(model, TEACHER_ATTRIBUTE, teacher)
+
+
+def test_missing_base_model_says_the_teacher_is_unavailable(exported, workspace, tmp_path):
+    _, _, out = exported
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for file in out.iterdir():
+        (moved / file.name).write_bytes(file.read_bytes())
+    meta = json.loads((moved / EXPORT_CONFIG).read_text())
+    meta["base_model"]["source"] = str(tmp_path / "gone")
+    (moved / EXPORT_CONFIG).write_text(json.dumps(meta))
+
+    model, _, _ = load_converted(moved, device="cpu", workspace=workspace)
+    problem = teacher_problem(model)
+    assert problem and "could not be loaded" in problem and str(tmp_path / "gone") in problem
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    with pytest.raises(TeacherUnavailableError, match="could not be loaded"), teacher_context(model):
+        pass
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # nothing changed
+
+    result = runner.invoke(_cli(), ["eval", str(moved), "--blocks", "2", "--seq-len", "64", "--passkey-trials", "0",
+                                    "--workspace", str(workspace)])
+    assert result.exit_code == 0, result.output
+    assert "teacher unavailable" in result.output and "could not be loaded" in " ".join(result.output.split())
+    saved = json.loads((moved / "eval.json").read_text())
+    assert saved["teacher_ppl"] is None and saved["ppl_ratio"] is None and saved["student_ppl"] > 0
+    assert "could not be loaded" in saved["teacher_unavailable"]
+
+    chat = runner.invoke(_cli(), ["chat", str(moved), "--max-new-tokens", "2", "--workspace", str(workspace)],
+                         input="hello\n\n")
+    assert chat.exit_code == 0, chat.output
+    assert "teacher unavailable" in chat.output and "teacher (" not in chat.output and "student (" in chat.output
