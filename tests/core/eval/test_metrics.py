@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import core.eval.metrics as metrics
 from core.attention.surgery import linearize, lolcats_modules
 from core.config import AttentionSpec, EvalSpec, Stage2Spec
+from core.eval import metrics
 from core.eval.metrics import passkey, passkey_prompt, perplexity, teacher_context
 from core.train.finetune_lora import wrap_for_stage2
 from core.train.lora import base_model
@@ -77,9 +77,8 @@ def test_teacher_context_is_the_unconverted_model_without_lora(converted_with_lo
 def test_teacher_context_restores_the_student_after_an_exception(converted_with_lora):
     _, model = converted_with_lora
     student = logits_of(model)
-    with pytest.raises(RuntimeError, match="inside"):
-        with teacher_context(model):
-            raise RuntimeError("inside")
+    with pytest.raises(RuntimeError, match="inside"), teacher_context(model):
+        raise RuntimeError("inside")
     assert modes(model) == {"student"}
     torch.testing.assert_close(logits_of(model), student, rtol=0, atol=0)  # LoRA enabled again
 

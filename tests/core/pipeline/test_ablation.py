@@ -5,7 +5,12 @@ import json
 import pytest
 
 from core.config import preset
-from core.pipeline.ablation import VARIANTS, markdown_table, run_ablation, variant_config
+from core.pipeline.ablation import (
+    VARIANTS,
+    markdown_table,
+    run_ablation,
+    variant_config,
+)
 from core.progress import RecordingProgress
 
 BASE = preset("tiny-test")

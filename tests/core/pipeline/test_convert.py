@@ -6,15 +6,15 @@ import pytest
 import torch
 
 import core
-from core.train.checkpoint import CheckpointError
 from core.config import ConfigError, build_config, preset
-from core.pipeline.convert import run_convert
 from core.data import DataError
-from core.train.lora import LoraTargetError
 from core.models import ModelLoadError
-from core.progress import RecordingProgress, StopRequested
-from core.train.loop import OutOfMemory
+from core.pipeline.convert import run_convert
 from core.pipeline.runs import export, load_converted
+from core.progress import RecordingProgress, StopRequested
+from core.train.checkpoint import CheckpointError
+from core.train.loop import OutOfMemory
+from core.train.lora import LoraTargetError
 
 
 def logits_of(model, ids):
