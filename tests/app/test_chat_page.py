@@ -71,14 +71,43 @@ def test_both_models_warm_up_before_the_first_timed_answer(seeded_ws, monkeypatc
     assert calls[4:] == [("teacher", 5), ("student", 5)]
 
 
-def test_sampling_settings_are_used(seeded_ws):
+@pytest.fixture
+def generate_calls(monkeypatch):
+    """Every ``generate`` call of the page: its sampling arguments and the tokens it returned."""
+    from transformers.generation.utils import GenerationMixin
+
+    calls = []
+    real = GenerationMixin.generate
+
+    def spy(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        settings = {k: kwargs.get(k) for k in ("do_sample", "temperature", "top_p")}
+        calls.append((settings, out.sequences[0, kwargs["input_ids"].shape[1]:].tolist()))
+        return out
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    return calls
+
+
+def test_sampling_settings_are_used(seeded_ws, generate_calls):
     at = open_page("views/chat.py")
     widget(at, "selectbox", "chat_conversion").set_value(seeded_ws.conversion).run()
     widget(at, "number_input", "chat_max_new").set_value(6).run()
+    _send(at, "Say something.")  # greedy
     widget(at, "slider", "chat_temperature").set_value(1.0).run()
     widget(at, "slider", "chat_top_p").set_value(0.5).run()
     _send(at, "Say something.")
-    assert [STATS.search(a).group(1) for a in _answers(at)] == ["6", "6"]
+    _send(at, "Say something.")
+    assert [STATS.search(a).group(1) for a in _answers(at)] == ["6"] * 6
+    timed = generate_calls[2:]  # the first two calls are the untimed warm-up of teacher and student
+    assert len(generate_calls) == 8
+    settings = [c[0] for c in timed]
+    assert settings == [{"do_sample": False, "temperature": None, "top_p": None}] * 2 + [
+        {"do_sample": True, "temperature": 1.0, "top_p": 0.5}] * 4  # teacher and student per message
+    tokens = [c[1] for c in timed]
+    greedy, sampled, again = tokens[0:2], tokens[2:4], tokens[4:6]
+    assert sampled == again  # the same seed: the same sample
+    assert sampled[0] != greedy[0] and sampled[1] != greedy[1]  # sampling changed both answers
 
 
 def test_long_prompt_is_truncated_with_a_visible_notice(seeded_ws):

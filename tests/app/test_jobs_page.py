@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from datetime import timedelta
 
 from app.common import fmt_duration
 from core.config import PRESETS
@@ -88,21 +90,32 @@ def test_cancel_and_resume(fresh_ws):
     assert (info.status, info.attempt) == ("queued", 2)
 
 
-def test_a_running_job_looks_the_same_from_two_browsers(fresh_ws):
+def _seconds(duration: str) -> int:
+    """The seconds of an ``app.common.fmt_duration`` text under an hour ("7s", "1m 05s")."""
+    match = re.fullmatch(r"(?:(\d+)m )?(\d+)s", duration)
+    assert match, duration
+    return int(match.group(1) or 0) * 60 + int(match.group(2))
+
+
+def test_a_running_job_looks_the_same_from_two_browsers(fresh_ws, monkeypatch):
     """State lives in the database: a second session (or a reload) sees the same running job."""
     db = open_db(fresh_ws)
     job = api.submit_job("selftest", {"steps": 10}, name="long", workspace=fresh_ws)
     claim = store.claim_next_job(db, "otherhost:1:1")
-    for step in (1, 2, 3):
+    started, now, real_utcnow = time.monotonic(), store.utcnow(), store.utcnow
+    for step in (1, 2, 3):  # recorded as one step every 10 s, the third 10 s ago
+        monkeypatch.setattr(store, "utcnow", lambda at=now - timedelta(seconds=10 * (4 - step)): at)
         store.heartbeat(db, job.id, claim.attempt, stage="selftest", step=step, total=10, metrics={"loss": 1.0 / step})
-        time.sleep(0.3)
+    monkeypatch.setattr(store, "utcnow", real_utcnow)
     first, second = open_page("views/jobs.py"), open_page("views/jobs.py")
+    rendered = time.monotonic() - started
     for at in (first, second):
         row = _table(at)[job.id]
         assert row["status"].endswith("running")
         assert (row["stage"], row["step"]) == ("selftest", "3/10")
         assert row["progress"] == 0.3
-        assert row["ETA"]  # 7 steps left at the pace of the first three
+        # 7 steps left at 10 s a step, less the 10 s since the third and the time the pages took to draw
+        assert 60 - rendered - 1 <= _seconds(row["ETA"]) <= 60
         assert widget(at, "selectbox", "jobs_selected").value == job.id  # the running job is shown first
     button(first, f"cancel_{job.id}").click().run()
     second.run()

@@ -6,16 +6,7 @@ import pytest
 
 from app import forms
 from jobs import api
-from jobs.kinds import KINDS, JobKind
 from tests.app.apptest import button, open_page, texts, widget
-
-
-@pytest.fixture
-def convert_kind(monkeypatch):
-    """The ``convert`` kind as the job system registers it (added here only if it is missing)."""
-    if "convert" not in KINDS:
-        monkeypatch.setitem(KINDS, "convert", JobKind(name="convert", config_model="core.config:ConvertConfig",
-                                                      run=lambda config, run_dir, progress: {}))
 
 
 def _select_preset(at, name):
@@ -65,7 +56,7 @@ def test_hub_model_needs_an_id(fresh_ws):
     assert not at.error and not button(at, "launch_submit").disabled
 
 
-def test_launch_queues_a_convert_job_with_the_form_config(fresh_ws, convert_kind):
+def test_launch_queues_a_convert_job_with_the_form_config(fresh_ws):
     at = open_page()
     _select_preset(at, "tiny-test")
     widget(at, "selectbox", "launch_attention_kind").set_value("sliding_window").run()
@@ -82,7 +73,7 @@ def test_launch_queues_a_convert_job_with_the_form_config(fresh_ws, convert_kind
     assert f"Queued job #{job.id}." in texts(at)
 
 
-def test_launch_error_from_the_job_system_is_shown(fresh_ws, convert_kind):
+def test_launch_error_from_the_job_system_is_shown(fresh_ws):
     at = open_page()
     _select_preset(at, "tiny-test")
     widget(at, "text_input", "launch_submit_name").set_value("../outside").run()
@@ -101,7 +92,7 @@ def test_form_survives_a_page_switch(fresh_ws):
     assert widget(at, "number_input", "launch_stage1_steps").value == 7
 
 
-def test_check_panel_refuses_softmax_layers_the_model_does_not_have(fresh_ws, convert_kind):
+def test_check_panel_refuses_softmax_layers_the_model_does_not_have(fresh_ws):
     at = open_page()
     _select_preset(at, "tiny-test")
     widget(at, "text_input", "launch_softmax_layers").set_value("0, 7").run()

@@ -7,16 +7,7 @@ import pytest
 from app import bench_results
 from jobs import api, store
 from jobs.db import open_db
-from jobs.kinds import KINDS, JobKind
 from tests.app.apptest import button, open_page, plotly_figures, texts, widget
-
-
-@pytest.fixture
-def benchmark_kind(monkeypatch):
-    """The ``benchmark`` kind (added here only if the job system does not register it yet)."""
-    if "benchmark" not in KINDS:
-        monkeypatch.setitem(KINDS, "benchmark", JobKind(name="benchmark", config_model="core.bench:BenchConfig",
-                                                        run=lambda config, run_dir, progress: {}))
 
 
 def _finished_job(ws, report: dict, kind: str = "benchmark") -> int:
@@ -75,7 +66,7 @@ def test_unreadable_report_is_reported_not_crashed(fresh_ws, report):
     assert any("holds no benchmark points" in w.value for w in at.warning)
 
 
-def test_launch_a_benchmark_from_the_page(fresh_ws, benchmark_kind):
+def test_launch_a_benchmark_from_the_page(fresh_ws):
     at = open_page("views/throughput.py")
     assert "No benchmark yet" in texts(at)
     widget(at, "text_input", "bench_batches").set_value("1, 2").run()
@@ -90,7 +81,7 @@ def test_launch_a_benchmark_from_the_page(fresh_ws, benchmark_kind):
     assert f"Queued benchmark job #{jobs[0].id}." in texts(at)
 
 
-def test_benchmark_settings_errors_are_shown(fresh_ws, benchmark_kind):
+def test_benchmark_settings_errors_are_shown(fresh_ws):
     at = open_page("views/throughput.py")
     widget(at, "text_input", "bench_batches").set_value("1, two").run()
     button(at, "bench_submit").click().run()

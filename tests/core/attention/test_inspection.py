@@ -27,7 +27,12 @@ def test_student_map_reproduces_layer_output_and_rows_sum_to_one():
     y = core.hybrid_attention(q, k, v, qf, kf, attn.mix, "terraced", 8, scale=attn.scaling)
     y_map = maps.student[None] @ v.repeat_interleave(2, dim=1)
     assert ((y - y_map).norm() / y.norm()).item() < 1e-5
-    assert maps.difference.max() > 0
+    # teacher map recomputed from the same q, k: causal softmax, grouped keys repeated
+    scores = (q @ k.repeat_interleave(2, dim=1).transpose(-1, -2))[0] * attn.scaling
+    teacher = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+    torch.testing.assert_close(maps.teacher, teacher, rtol=0, atol=1e-6)
+    torch.testing.assert_close(maps.difference, (maps.student - teacher).abs(), rtol=0, atol=1e-6)
+    assert maps.difference.max() > 1e-3  # a converted layer: the maps really differ
 
 
 @torch.no_grad()

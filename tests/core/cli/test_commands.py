@@ -1,8 +1,9 @@
-"""``lolcats convert`` and ``lolcats eval`` on the tiny-test preset, through the command line."""
+"""The core commands through the command line on the tiny-test preset: convert, eval, export, chat, bench, ablate."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import typer
@@ -71,3 +72,59 @@ def test_eval_has_no_preset_option(cli, converted):
     out, _ = converted
     result = runner.invoke(cli, ["eval", str(out), "--preset", "tiny-test"])
     assert result.exit_code == 2 and "No such option" in result.output
+
+
+def test_export_then_chat_on_the_run_and_on_the_export(cli, converted, workspace, tmp_path):
+    out, _ = converted
+    exported = tmp_path / "export"
+    result = runner.invoke(cli, ["export", str(out), str(exported), "--workspace", str(workspace)])
+    assert result.exit_code == 0, result.output
+    assert f"exported to {exported}" in result.output.replace("\n", "")
+    assert (exported / "config.json").is_file() and list(exported.glob("*.safetensors"))
+    for folder in (out, exported):
+        result = runner.invoke(cli, ["chat", str(folder), "--max-new-tokens", "3", "--workspace", str(workspace)],
+                               input="What is two plus two?\nAnd three?\n\n")
+        assert result.exit_code == 0, result.output
+        for name in ("teacher", "student"):  # one answer of each per message
+            assert len(re.findall(rf"\b{name} \(\d+\.\ds\): ", result.output)) == 2, result.output
+
+
+def test_chat_ends_at_end_of_input(cli, converted, workspace):
+    out, _ = converted
+    result = runner.invoke(cli, ["chat", str(out), "--max-new-tokens", "2", "--workspace", str(workspace)], input="hi\n")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("student (") == 1
+
+
+def test_bench_measures_teacher_and_student_at_the_given_points(cli, converted, workspace, tmp_path):
+    out, _ = converted
+    target = tmp_path / "bench.json"
+    result = runner.invoke(cli, ["bench", "--model", "tiny-random-llama", "--checkpoint", str(out),
+                                 "--batch-sizes", "1,2", "--prompt-lengths", "16", "--gen-lengths", "3",
+                                 "--threads", "1", "-o", str(target), "--workspace", str(workspace)])
+    assert result.exit_code == 0, result.output
+    assert f"written: {target}" in result.output.replace("\n", "")
+    points = json.loads(target.read_text())["points"]
+    measured = sorted((p["model"], p["batch_size"], p["prompt_length"], p["gen_length"]) for p in points)
+    assert measured == [(m, b, 16, 3) for m in ("student", "teacher") for b in (1, 2)]
+    assert all(p["status"] == "ok" for p in points), points
+
+
+def test_bench_refuses_a_generation_length_below_two(cli, workspace, tmp_path):
+    result = runner.invoke(cli, ["bench", "--model", "tiny-random-llama", "--gen-lengths", "1",
+                                 "-o", str(tmp_path / "b.json"), "--workspace", str(workspace)])
+    assert result.exit_code == 1 and "gen_lengths must be >= 2" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_ablate_runs_the_four_variants_and_prints_the_table(cli, workspace, tmp_path):
+    out = tmp_path / "ablation"
+    result = runner.invoke(cli, ["ablate", "--preset", "tiny-test", "--steps", "2", "--kinds", "linear",
+                                 "-o", str(out), "--workspace", str(workspace)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((out / "ablation.json").read_text())["rows"]
+    assert [(r["attention"], r["variant"]) for r in rows] == [("linear", v) for v in ("swap", "transfer", "lora", "both")]
+    table = (out / "ablation.md").read_text()
+    assert table.splitlines()[0] in result.output
+    for row in table.splitlines()[2:6]:
+        assert row in result.output

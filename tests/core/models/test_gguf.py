@@ -68,8 +68,10 @@ def test_bundled_second_load_uses_cache(bundled, monkeypatch):
         torch.testing.assert_close(cached(ids).logits, model(ids).logits, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_materialise_is_atomic(tmp_path, monkeypatch, tiny_folder):
-    """A crash while writing leaves no folder at the target and no temp folder behind."""
+    """A crash while writing leaves no folder at the target and no temp folder behind; the next
+    materialisation (of the real bundled GGUF) succeeds and removes the crashed one's temp folder."""
     import transformers
 
     folder, _ = tiny_folder
@@ -93,15 +95,16 @@ def test_materialise_is_atomic(tmp_path, monkeypatch, tiny_folder):
         gguf_source.materialize_gguf(gguf, target)
     assert list((tmp_path / "models").iterdir()) == []
 
-    monkeypatch.undo()
-    monkeypatch.setattr(gguf_source, "check_gguf_file", lambda path: "llama")
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
-    monkeypatch.setattr(
-        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: LlamaForCausalLM(tiny_llama_config())
-    )
-    assert gguf_source.materialize_gguf(gguf, target) == target
-    assert (target / "config.json").is_file() and (target / gguf_source.PROVENANCE_FILE).is_file()
+    monkeypatch.undo()  # the same target from the real bundled GGUF after the crash
+    stale.mkdir()
+    real = gguf_source.bundled_gguf_path()
+    assert gguf_source.materialize_gguf(real, target) == target
     assert [p.name for p in (tmp_path / "models").iterdir()] == ["tiny"]
+    provenance = json.loads((target / gguf_source.PROVENANCE_FILE).read_text())
+    assert provenance == {"gguf_file": str(real), "gguf_size": real.stat().st_size, "dtype": "float32"}
+    config = json.loads((target / "config.json").read_text())
+    assert "quantization_config" not in config and config["num_hidden_layers"] == 30
+    assert (target / "model.safetensors").stat().st_size > 4 * 130e6  # 135M float32 weights, dequantised
 
 
 def test_error_truncated_gguf(tmp_path):

@@ -6,28 +6,15 @@ import pytest
 import torch
 
 import core
-from core.train.checkpoint import CheckpointError
 from core.config import ConfigError, build_config, preset
-from core.pipeline.convert import run_convert
 from core.data import DataError
-from core.train.lora import LoraTargetError
 from core.models import ModelLoadError
-from core.progress import RecordingProgress, StopRequested
-from core.train.loop import OutOfMemory
+from core.pipeline.convert import run_convert
 from core.pipeline.runs import export, load_converted
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    return tmp_path_factory.mktemp("ws")
-
-
-@pytest.fixture(scope="module")
-def finished_run(workspace):
-    out = workspace / "runs" / "tiny"
-    progress = RecordingProgress()
-    report = run_convert(preset("tiny-test"), out, progress, workspace=workspace)
-    return out, report, progress
+from core.progress import RecordingProgress, StopRequested
+from core.train.checkpoint import CheckpointError
+from core.train.loop import OutOfMemory
+from core.train.lora import LoraTargetError
 
 
 def logits_of(model, ids):
@@ -76,15 +63,31 @@ def test_existing_run_needs_resume_and_changed_config_is_refused(finished_run, w
         run_convert(changed, out, resume=True, workspace=workspace)
 
 
-def test_stopped_run_resumes_to_the_end(workspace):
+def test_stopped_run_resumes_to_the_end(workspace, finished_run):
+    """Stopped in stage 1 and resumed, a run ends where the uninterrupted run of the same seed ends."""
     out = workspace / "runs" / "stopped"
     with pytest.raises(StopRequested):
         run_convert(preset("tiny-test"), out, RecordingProgress(stop_after=4), workspace=workspace)
     assert not (out / "report.json").exists() and (out / "stage1" / "last").exists()
     progress = RecordingProgress()
     report = run_convert(preset("tiny-test"), out, progress, resume=True, workspace=workspace)
-    assert report["student_ppl"] > 0
     assert any("resuming after step" in line for line in progress.logs)
+    _, uninterrupted, first = finished_run
+    resumed_from = report["training"]["stage1"]["resumed_from"]
+    assert 0 < resumed_from < preset("tiny-test").stage1.steps
+    for key in ("teacher_ppl", "student_ppl", "val_ppl"):
+        assert report[key] == pytest.approx(uninterrupted[key], rel=1e-5), key
+    assert report["per_layer_mse"] == pytest.approx(uninterrupted["per_layer_mse"], rel=1e-5)
+    for stage in ("stage1", "stage2"):
+        assert report["training"][stage]["best_val_loss"] == pytest.approx(
+            uninterrupted["training"][stage]["best_val_loss"], rel=1e-5)
+    # the steps trained after the resume have the losses the uninterrupted run had at those steps
+    def losses(steps, stage):
+        return {s[1]: s[3]["loss"] for s in steps if s[0] == stage and "loss" in s[3]}
+    after = losses(progress.steps, "stage1")
+    assert after and min(after) == resumed_from + 1
+    assert after == pytest.approx({step: losses(first.steps, "stage1")[step] for step in after}, rel=1e-5)
+    assert losses(progress.steps, "stage2") == pytest.approx(losses(first.steps, "stage2"), rel=1e-5)
 
 
 def test_resuming_a_finished_run_keeps_the_training_summaries(finished_run, workspace):

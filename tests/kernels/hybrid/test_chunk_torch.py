@@ -82,11 +82,15 @@ def test_window_covering_sequence_is_softmax():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_accumulates_in_float32(dtype):
+    """Against the float64 oracle on the same half inputs the only large error is the one rounding
+    of the output, so the bound is the dtype's unit roundoff (eps / 2: 3.9e-3 bf16, 4.9e-4 fp16).
+    The Triton kernel's half tests allow more (2e-2, 2e-3) since it also rounds P to the input
+    dtype for the tensor-core products."""
     q, k, v, qf, kf, mix, mask = make_inputs(1, 2, 1, 200, 16, 8, pads=[3])
     y = hybrid_attention_torch(q.to(dtype), k.to(dtype), v.to(dtype), qf.to(dtype), kf.to(dtype), mix, "terraced", 64, mask)
     assert y.dtype == dtype
     ref = naive_hybrid_attention(q.to(dtype), k.to(dtype), v.to(dtype), qf.to(dtype), kf.to(dtype), mix, "terraced", 64, mask)
-    assert rel_err(y, ref, mask) <= 2e-2
+    assert rel_err(y, ref, mask) <= torch.finfo(dtype).eps / 2
 
 
 @pytest.mark.parametrize("kind", KINDS)
