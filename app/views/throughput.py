@@ -76,6 +76,19 @@ def _points_table(points: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+FLOOR_COLUMNS = {"prefill_speedup": "prefill student / teacher", "floor_prefill_speedup": "prefill floor / teacher",
+                 "prefill_vs_floor": "prefill student / floor", "decode_speedup": "decode student / teacher",
+                 "floor_decode_speedup": "decode floor / teacher", "decode_vs_floor": "decode student / floor"}
+
+
+def _floor_table(report: dict) -> pd.DataFrame:
+    """One row per point of the report's ``comparisons`` that include the floor (empty without it)."""
+    rows = report.get("comparisons") if isinstance(report, dict) else None
+    rows = [c for c in rows if isinstance(c, dict) and all(k in c for k in FLOOR_COLUMNS)] if isinstance(rows, list) else []
+    return pd.DataFrame([{"batch": c.get("batch_size"), "context": c.get("prompt_length"),
+                          **{label: c[key] for key, label in FLOOR_COLUMNS.items()}} for c in rows])
+
+
 def _charts(job: JobInfo, report: dict) -> None:
     points = bench_results.normalise(report)
     if not points:
@@ -102,6 +115,13 @@ def _charts(job: JobInfo, report: dict) -> None:
     st.dataframe(_points_table(points), hide_index=True, width="stretch",
                  column_config={c: st.column_config.NumberColumn(format="%.1f")
                                 for c in ("tokens/s", "decode tok/s", "prefill tok/s", "peak memory (MiB)")})
+    gaps = _floor_table(report)
+    if not gaps.empty:
+        st.caption("The floor is the teacher with an attention that costs nothing (it returns zeros): the speed any "
+                   "attention replacement is bounded by. floor / teacher is that limit; student / floor how close the "
+                   "student gets to it.")
+        st.dataframe(gaps, hide_index=True, width="stretch",
+                     column_config={c: st.column_config.NumberColumn(format="%.2f") for c in FLOOR_COLUMNS.values()})
 
 
 def _job_view(job_id: int) -> None:

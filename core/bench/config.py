@@ -12,7 +12,7 @@ from typing import Any
 
 from core.config import BUNDLED_MODEL, AttentionSpec, ConfigError, build_spec
 
-MODELS = ("teacher", "student")
+MODELS = ("teacher", "student", "floor")  # floor: the teacher with attention costing nothing
 SWEEPS = ("axes", "grid")
 
 

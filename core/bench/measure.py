@@ -38,9 +38,12 @@ from core.io import is_oom
 
 
 def new_cache(model: nn.Module):
-    """An empty ``DynamicCache`` for ``model`` (converted layers swap their slot for a hybrid cache layer)."""
+    """An empty cache for ``model``: its own ``new_cache()`` when it has one (the attention-free
+    floor), else a ``DynamicCache`` (converted layers swap their slot for a hybrid cache layer)."""
     from transformers import DynamicCache
 
+    if hasattr(model, "new_cache"):
+        return model.new_cache()
     return DynamicCache(config=model.config)
 
 

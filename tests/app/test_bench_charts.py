@@ -15,14 +15,25 @@ def result():
 
 def test_figures_build(result):
     figs = benchmark_figures(result)
-    assert set(figs) == {"throughput_vs_batch", "throughput_vs_context", "memory_vs_batch", "memory_vs_context"}
-    for fig in figs.values():
+    lines = {"throughput_vs_batch", "throughput_vs_context", "memory_vs_batch", "memory_vs_context"}
+    assert set(figs) == lines | {"floor_gap"}
+    for fig in (figs[name] for name in lines):
         traces = [t for t in fig.data if len(t.x)]
-        assert {t.name.split()[0] for t in traces} == {"teacher", "student"}
+        assert {t.name.split()[0] for t in traces} == {"teacher", "student", "floor"}
         assert all(y > 0 and math.isfinite(y) for t in traces for y in t.y)
         fig.to_json()
     batch_traces = figs["throughput_vs_batch"].data
     assert sorted(batch_traces[0].x) == [1, 3]
+
+
+def test_floor_gap_bars_are_the_comparisons(result):
+    fig = benchmark_figures(result)["floor_gap"]
+    by_name = {(t.name, t.xaxis): list(t.y) for t in fig.data}
+    rows = result["comparisons"]
+    assert by_name[("student / teacher", "x")] == [c["prefill_speedup"] for c in rows]
+    assert by_name[("student / floor", "x2")] == [c["decode_vs_floor"] for c in rows]
+    assert by_name[("floor / teacher", "x2")] == [c["floor_decode_speedup"] for c in rows]
+    assert all(y > 0 for ys in by_name.values() for y in ys)
 
 
 @OOM_ERRORS

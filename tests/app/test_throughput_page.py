@@ -32,6 +32,13 @@ def test_charts_and_table_of_a_benchmark_job(seeded_ws):
     assert "batch size" in titles and "context length" in titles
     names = {t.get("name", "") for f in figs for t in f["data"]}
     assert any(n.startswith("teacher") for n in names) and any(n.startswith("student") for n in names)
+    assert any(n.startswith("floor") for n in names)  # the attention-free floor is drawn
+    assert "Speed against the teacher and the attention-free floor" in titles
+    gaps = at.dataframe[1].value
+    comparisons = report["comparisons"]
+    assert len(gaps) == len(comparisons) > 0
+    assert list(gaps["decode student / floor"]) == pytest.approx([c["decode_vs_floor"] for c in comparisons])
+    assert list(gaps["prefill floor / teacher"]) == pytest.approx([c["floor_prefill_speedup"] for c in comparisons])
     table = at.dataframe[0].value
     assert len(table) == len(points)
     row = table[(table["model"] == "student") & (table["batch"] == points[0]["batch_size"])].iloc[0]

@@ -15,9 +15,9 @@ def test_out_of_memory_point_is_recorded_and_sweep_continues(monkeypatch, error,
     out, progress, calls = result_with_oom(monkeypatch, error, phase)
     status = {(p["model"], p["batch_size"], p["prompt_length"]): p["status"] for p in out["points"]}
     assert status == {
-        ("teacher", 1, 16): "ok", ("student", 1, 16): "ok",
-        ("teacher", 3, 16): "ok", ("student", 3, 16): "oom",
-        ("teacher", 1, 40): "ok", ("student", 1, 40): "ok",
+        ("teacher", 1, 16): "ok", ("student", 1, 16): "ok", ("floor", 1, 16): "ok",
+        ("teacher", 3, 16): "ok", ("student", 3, 16): "oom", ("floor", 3, 16): "ok",
+        ("teacher", 1, 40): "ok", ("student", 1, 40): "ok", ("floor", 1, 40): "ok",
     }
     oom = next(p for p in out["points"] if p["status"] == "oom")
     assert type(error).__name__ in oom["error"]
@@ -32,7 +32,8 @@ def test_out_of_memory_point_is_recorded_and_sweep_continues(monkeypatch, error,
 
 def test_teacher_and_student_are_interleaved(monkeypatch):
     teacher = tiny_model("llama")
-    config = BenchConfig(batch_sizes=[2], prompt_lengths=[12, 20], gen_lengths=[4], warmup=False, linearize={"window_size": 8})
+    config = BenchConfig(batch_sizes=[2], prompt_lengths=[12, 20], gen_lengths=[4], warmup=False,
+                         linearize={"window_size": 8}, models=["teacher", "student"])
     student = convert_teacher(teacher, config)
     calls = []
     for name, model in (("teacher", teacher), ("student", student)):
