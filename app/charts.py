@@ -273,7 +273,10 @@ def benchmark_figures(result: dict[str, Any]) -> dict[str, go.Figure]:
     """Figures of a :func:`core.bench.run_benchmark` result: throughput and peak memory against batch size and
     against context length, teacher vs student (and the attention-free floor where measured). Keys:
     ``throughput_vs_batch``, ``throughput_vs_context``, ``memory_vs_batch``, ``memory_vs_context``,
-    and ``floor_gap`` (:func:`floor_gap_figure`) when the floor was measured."""
+    ``floor_gap`` (:func:`floor_gap_figure`) when the floor was measured and ``capacity``
+    (:func:`capacity_figure`) for a capacity run. A capacity run alone has only ``capacity``."""
+    if not result.get("points") and result.get("capacity"):
+        return {"capacity": capacity_figure(result["capacity"])}
     throughput = [
         ("prefill_tokens_per_second", "prefill tokens/s", 1.0),
         ("decode_tokens_per_second", "decode tokens/s", 1.0),
@@ -288,6 +291,7 @@ def benchmark_figures(result: dict[str, Any]) -> dict[str, go.Figure]:
         "memory_vs_batch": _bench_figure(result, "batch_size", memory, "Peak memory vs batch size", False),
         "memory_vs_context": _bench_figure(result, "prompt_length", memory, "Peak memory vs context length", False),
         **({"floor_gap": floor_gap_figure(result)} if any("prefill_vs_floor" in c for c in result.get("comparisons", [])) else {}),
+        **({"capacity": capacity_figure(result["capacity"])} if result.get("capacity") else {}),
     }
 
 
@@ -309,6 +313,42 @@ def floor_gap_figure(result: dict[str, Any]) -> go.Figure:
     fig.update_yaxes(title_text="ratio of tokens/s", row=1, col=1)
     fig.update_layout(title_text="Speed against the teacher and the attention-free floor", template=TEMPLATE,
                       barmode="group", height=400)
+    return fig
+
+
+def capacity_figure(capacity: dict[str, Any]) -> go.Figure:
+    """A capacity run (``core.bench.capacity``, like the paper's Fig. 8): decode tokens/s against batch
+    size and the measured peak memory against batch size with the budget as a line, per model and
+    context length, from the trials that ran; the largest batch within the budget is ringed, and
+    trials out of memory or over the budget are named in the title."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["decode tokens/s", "peak memory while decoding (GiB)"])
+    over = []
+    for gi, context in enumerate(capacity.get("contexts", [])):
+        for model, found in context.get("models", {}).items():
+            measured = sorted((t for t in found["trials"] if "peak_memory_bytes" in t), key=lambda t: t["batch_size"])
+            fits = [t for t in measured if t["status"] == "ok"]
+            over += [f"{model} B={t['batch_size']} ({t['status']})" for t in found["trials"] if t["status"] != "ok"]
+            name = f"{model} (L={context['prompt_length']})"
+            line = {"color": BENCH_COLORS[model], "dash": DASHES[gi % len(DASHES)]}
+            fig.add_trace(go.Scatter(x=[t["batch_size"] for t in fits], y=[t["decode_tokens_per_second"] for t in fits],
+                                     mode="lines+markers", name=name, legendgroup=name, line=line), row=1, col=1)
+            fig.add_trace(go.Scatter(x=[t["batch_size"] for t in measured], y=[t["peak_memory_bytes"] / GIB for t in measured],
+                                     mode="lines+markers", name=name, legendgroup=name, showlegend=False, line=line),
+                          row=1, col=2)
+            if found.get("largest_batch"):
+                fig.add_trace(go.Scatter(x=[found["largest_batch"]], y=[found["decode_tokens_per_second"]], mode="markers",
+                                         name=f"{name}: largest batch {found['largest_batch']}", legendgroup=name,
+                                         marker={"size": 14, "symbol": "circle-open", "color": BENCH_COLORS[model]}),
+                              row=1, col=1)
+    budget = capacity.get("memory_budget_bytes")
+    if budget:
+        fig.add_hline(y=budget / GIB, line_dash="dot", line_color="black", row=1, col=2,
+                      annotation_text=f"budget {capacity.get('memory_budget', '')}")
+    fig.update_xaxes(title_text="batch size", type="log", dtick=math.log10(2))
+    fig.update_yaxes(type="log", row=1, col=1)
+    title = f"Capacity under a {capacity.get('memory_budget', '')} memory budget"
+    fig.update_layout(title_text=title + (f"<br><sup>not within the budget: {', '.join(over)}</sup>" if over else ""),
+                      template=TEMPLATE, height=420)
     return fig
 
 

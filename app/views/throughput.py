@@ -89,8 +89,27 @@ def _floor_table(report: dict) -> pd.DataFrame:
                           **{label: c[key] for key, label in FLOOR_COLUMNS.items()}} for c in rows])
 
 
+def _capacity(capacity: dict) -> None:
+    """The capacity run: throughput and memory against batch size with the budget, and the largest batches."""
+    st.subheader(f"Capacity under {capacity.get('memory_budget', 'a memory budget')}")
+    st.caption("The largest batch whose measured decode peak fits the budget, per model, and the decode throughput "
+               "there. " + str(capacity.get("method", "")))
+    st.plotly_chart(charts.capacity_figure(capacity), key="bench_capacity")
+    rows = [{"context": c.get("prompt_length"), "model": model, "largest batch": found.get("largest_batch"),
+             "decode tok/s": found.get("decode_tokens_per_second"),
+             "peak memory (GiB)": (found.get("peak_memory_bytes") or 0) / 1024**3 or None}
+            for c in capacity.get("contexts", []) for model, found in c.get("models", {}).items()]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(format="%.2f") for c in ("decode tok/s", "peak memory (GiB)")})
+
+
 def _charts(job: JobInfo, report: dict) -> None:
+    capacity = report.get("capacity") if isinstance(report, dict) else None
+    if isinstance(capacity, dict) and capacity.get("contexts"):
+        _capacity(capacity)
     points = bench_results.normalise(report)
+    if not points and isinstance(capacity, dict):
+        return
     if not points:
         st.warning(f"The report of job #{job.id} holds no benchmark points this page can read.")
         with st.expander("Raw report"):
@@ -103,6 +122,8 @@ def _charts(job: JobInfo, report: dict) -> None:
     native = bench_results.native_figures(report)
     if native:
         for name, fig in native.items():
+            if name == "capacity":  # drawn above
+                continue
             st.plotly_chart(fig, key=f"bench_native_{name}")
     else:
         for x in ("batch_size", "context_length"):

@@ -24,6 +24,10 @@ only time-sliced.
 
 Out of memory (:func:`core.io.is_oom`) while measuring a model at a point is recorded as that
 point with ``status: "oom"``; the other model and the rest of the sweep continue.
+
+With ``memory_budget`` set the run is a capacity run (:mod:`core.bench.capacity`): no sweep
+points, and a ``capacity`` section with the largest batch of teacher and student within the
+budget at every prompt length and their decode throughput there.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.bench.config import BenchConfig, attention_fields
+from core.bench.capacity import run_capacity
+from core.bench.config import CAPACITY_MODELS, BenchConfig, attention_fields
 from core.bench.floor import AttentionFreeFloor
 from core.bench.measure import Run, measure_point, random_input_ids, summarise
 from core.bench.memory import GIB, free_memory, peak_tracker, weight_bytes
@@ -140,6 +145,13 @@ def run_benchmark(
                             )
                         })
                     progress.on_log(_describe(name, point, metrics))
+        capacity = None
+        if config.memory_budget is not None:
+            capacity = run_capacity(
+                {name: models[name] for name in CAPACITY_MODELS if name in models}, config.prompt_lengths,
+                config.memory_budget, steps=config.capacity_steps, tracker=tracker, weights=weights, seed=config.seed,
+                max_batch=config.max_batch, log=progress.on_log,
+            )
     finally:
         tracker.close()
         gc.unfreeze()
@@ -182,6 +194,7 @@ def run_benchmark(
         },
         "points": results,
         "comparisons": compare(results),
+        **({"capacity": capacity} if capacity is not None else {}),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": time.time() - started,
     }

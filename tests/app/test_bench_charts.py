@@ -5,7 +5,7 @@ import math
 import pytest
 
 from app.charts import benchmark_figures
-from tests.core.bench.runs import OOM_ERRORS, OOM_PHASES, result_with_oom, small_result
+from tests.core.bench.runs import OOM_ERRORS, OOM_PHASES, capacity_result, result_with_oom, small_result
 
 
 @pytest.fixture(scope="module")
@@ -42,3 +42,18 @@ def test_figures_build_with_an_out_of_memory_point(monkeypatch, error, phase):
     out, _, _ = result_with_oom(monkeypatch, error, phase)
     figs = benchmark_figures(out)  # figures still build with an OOM point
     assert "out of memory" in figs["throughput_vs_batch"].layout.title.text
+
+
+def test_capacity_figure_draws_the_trials_and_the_budget():
+    out = capacity_result()
+    figs = benchmark_figures(out)
+    assert set(figs) == {"capacity"}
+    fig = figs["capacity"]
+    found = out["capacity"]["contexts"][0]["models"]
+    for model in ("teacher", "student"):
+        line = next(t for t in fig.data if t.name == f"{model} (L=24)" and t.xaxis == "x")
+        assert list(line.x) == [1, 2, 4, 8] == [t["batch_size"] for t in found[model]["trials"]]
+        assert list(line.y) == [t["decode_tokens_per_second"] for t in found[model]["trials"]]
+        assert found[model]["largest_batch"] == 8 and found[model]["reached_max_batch"]
+    budget = [s for s in fig.layout.shapes if s.y0 == s.y1]
+    assert len(budget) == 1 and budget[0].y0 == 1.0  # 1 GiB

@@ -65,6 +65,22 @@ def test_foreign_report_falls_back_to_the_workbench_charts(fresh_ws):
     assert lines == {"teacher (context=64)": [10.0, 20.0, 40.0], "student (context=64)": [20.0, 40.0, 80.0]}
 
 
+def test_capacity_run_is_drawn_with_its_budget(fresh_ws):
+    from tests.core.bench.runs import capacity_result
+
+    report = capacity_result()
+    _finished_job(fresh_ws, report)
+    at = open_page("views/throughput.py")
+    assert not at.exception and not at.warning, [w.value for w in at.warning]
+    figs = plotly_figures(at)
+    assert [f["layout"]["title"]["text"] for f in figs] == ["Capacity under a 1GiB memory budget"]
+    table = at.dataframe[0].value
+    found = report["capacity"]["contexts"][0]["models"]
+    assert list(table["model"]) == ["teacher", "student"]
+    assert list(table["largest batch"]) == [found["teacher"]["largest_batch"], found["student"]["largest_batch"]] == [8, 8]
+    assert list(table["decode tok/s"]) == pytest.approx([found[m]["decode_tokens_per_second"] for m in ("teacher", "student")])
+
+
 @pytest.mark.parametrize("report", [{}, {"points": "nothing"}, {"points": [{"model": "teacher"}]}])
 def test_unreadable_report_is_reported_not_crashed(fresh_ws, report):
     _finished_job(fresh_ws, report)
