@@ -69,6 +69,7 @@ class BenchConfig:
     threads: int | None = None  # torch intra-op threads during the sweep; None keeps torch's setting
     warmup: bool = True  # one short untimed prefill + decode per model before the sweep
     seed: int = 0
+    prefill_chunk: int | None = 1024  # the student prefills in chunks of this many tokens (None: at once)
     memory_budget: str | None = None  # a size such as "12GiB": a capacity run (see above)
     capacity_steps: int = 3  # timed decode steps per capacity trial
     max_batch: int = 65536  # the doubling stops here
@@ -109,6 +110,10 @@ class BenchConfig:
         if self.memory_budget is not None:
             parse_size(self.memory_budget)
             self.memory_budget = str(self.memory_budget)
+        if self.prefill_chunk is not None:
+            if int(self.prefill_chunk) < 1:
+                raise ConfigError(f"prefill_chunk must be >= 1 (or None for the whole prompt), got {self.prefill_chunk}")
+            self.prefill_chunk = int(self.prefill_chunk)
         if int(self.capacity_steps) < 1 or int(self.max_batch) < 1:
             raise ConfigError(f"capacity_steps and max_batch must be >= 1, got {self.capacity_steps}, {self.max_batch}")
         self.capacity_steps, self.max_batch = int(self.capacity_steps), int(self.max_batch)

@@ -17,7 +17,9 @@ only time-sliced.
 * The **teacher** is the original model with Hugging Face's SDPA attention and its ``DynamicCache``
   (a key/value cache growing with the context).
 * The **student** is a converted copy with randomly initialised feature maps, or the student of
-  ``student_checkpoint`` (:mod:`core.bench.student`).
+  ``student_checkpoint`` (:mod:`core.bench.student`). It prefills in chunks of ``prefill_chunk``
+  tokens from its carried state (constant in size), so its prefill temporaries are bounded by the
+  chunk; the teacher and the floor prefill the whole prompt at once, as transformers does.
 * The **floor** is the teacher with an attention that returns zeros and a cache that stores
   nothing (:mod:`core.bench.floor`, sharing the teacher's weights): the speed any attention
   replacement is bounded by. ``comparisons`` give student / teacher and student / floor.
@@ -121,7 +123,8 @@ def run_benchmark(
                 todo = {name: models[name] for name in order if (name, point) not in oom}  # no retry after OOM
                 if todo:
                     ids = random_input_ids(vocab, b, l, config.seed + i, device)
-                    measured = measure_point(todo, ids, g, tracker, [n for n in order if n in todo])
+                    measured = measure_point(todo, ids, g, tracker, [n for n in order if n in todo],
+                                             {"student": config.prefill_chunk} if config.prefill_chunk else None)
                     del ids
                     free_memory(device)
                     for name, value in measured.items():

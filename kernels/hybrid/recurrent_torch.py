@@ -46,7 +46,7 @@ class HybridState:
         )
 
 
-def _fold(S, z, k_feat, v, weight):
+def fold_keys(S, z, k_feat, v, weight):
     """Add weight_j * phi_k(k_j) v_j^T to S and weight_j * phi_k(k_j) to z.
 
     k_feat [B, H, K, F], v [B, H_kv, K, d], weight [B, K] (0/1). One product per query head with
@@ -81,7 +81,7 @@ def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
     cols = fold.any(0).nonzero().flatten()
     if cols.numel():  # the span of folded keys: all but the window's, unless rows are padded
         a, b = int(cols[0]), int(cols[-1]) + 1
-        S, z = _fold(S, z, k_feat[:, :, a:b], v[:, :, a:b], fold[:, a:b])
+        S, z = fold_keys(S, z, k_feat[:, :, a:b], v[:, :, a:b], fold[:, a:b])
     K = window_capacity(kind, w)
     win_k, win_v = k.new_zeros(B, Hkv, K, d), v.new_zeros(B, Hkv, K, d)
     win_pos = torch.zeros(B, K, dtype=torch.long, device=k.device)
@@ -109,12 +109,12 @@ def decode_step_torch(
     first, pos = token_position(state, valid)
     S, z = state.S, state.z
     if kind == "linear":  # no window: the key goes straight into the state
-        S, z = _fold(S, z, key_features(k), v, valid[:, None])
+        S, z = fold_keys(S, z, key_features(k), v, valid[:, None])
     else:  # fold the keys that leave the window, then write the new one into its slot
         fold = leaving(kind, w, state, pos)
         cols = leaving_columns(kind, state, fold)
         if cols.numel():
-            S, z = _fold(S, z, key_features(state.win_k[:, :, cols]), state.win_v[:, :, cols], fold[:, cols])
+            S, z = fold_keys(S, z, key_features(state.win_k[:, :, cols]), state.win_v[:, :, cols], fold[:, cols])
         place_token(state, k, v, pos, valid, fold)
     win_k, win_v, win_valid = state.win_k, state.win_v, state.win_valid
 

@@ -69,3 +69,21 @@ def test_is_oom():
     assert is_oom(MemoryError())
     assert not is_oom(RuntimeError("expected scalar type Float"))
     assert not is_oom(ValueError("out of memory"))
+
+
+def test_the_student_prefills_in_chunks_and_the_teacher_at_once(monkeypatch):
+    teacher = tiny_model("llama")
+    config = BenchConfig(batch_sizes=[2], prompt_lengths=[20], gen_lengths=[2], warmup=False,
+                         linearize={"window_size": 8}, models=["teacher", "student"], prefill_chunk=8)
+    student = convert_teacher(teacher, config)
+    calls = []
+    for name, model in (("teacher", teacher), ("student", student)):
+        def forward(*args, _name=name, _real=model.forward, **kwargs):
+            calls.append((_name, kwargs["input_ids"].shape[1]))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", forward)
+    out = run_benchmark(config, teacher=teacher, student=student)
+    assert calls[:4] == [("teacher", 20), ("student", 8), ("student", 8), ("student", 4)]
+    assert [p["status"] for p in out["points"]] == ["ok", "ok"]
+    assert out["config"]["prefill_chunk"] == 8
