@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from kernels.hybrid import compiled
 from kernels.hybrid.chunk_torch import augment_values
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 from kernels.hybrid.window import window_capacity, window_start
@@ -118,10 +119,24 @@ def decode_step_torch(
         place_token(state, k, v, pos, valid, fold)
     win_k, win_v, win_valid = state.win_k, state.win_v, state.win_valid
 
+    windowed = kind != "linear"
+    y = compiled.readout(q_feat, q, S, z, win_k if windowed else None, win_v if windowed else None, win_valid, mix, scale)
+    new_state = HybridState(S, z, win_k, win_v, state.win_pos, win_valid, first, state.seen + 1)
+    return y, new_state
+
+
+def readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale: float) -> torch.Tensor:
+    """y [B, H, 1, d] of one token from the updated state and window cache (``win_k`` None: linear):
+
+        y = (phi_q(q)^T S + g sum_{j in cache} exp(s_j - c) v_j) / (phi_q(q)^T z + g sum_{j in cache} exp(s_j - c))
+    """
+    B, H, _, d = q.shape
     qf = q_feat.float()  # [B, H, 1, F]
     num = torch.matmul(qf, S)[:, :, 0]  # [B, H, d]
     den = torch.matmul(qf, z[..., None])[:, :, 0, 0]  # [B, H]
-    if kind != "linear":
+    if win_k is not None:
+        Hkv = win_k.shape[1]
+        G = H // Hkv
         qg = q.float().view(B, Hkv, G, d) * scale
         s = torch.matmul(qg, win_k.float().transpose(-1, -2))  # [B, Hkv, G, K]
         s = s.masked_fill(~win_valid[:, None, None, :], float("-inf"))
@@ -131,5 +146,4 @@ def decode_step_torch(
         num = num + torch.matmul(p, win_v.float()).view(B, H, d)
         den = den + p.sum(-1).view(B, H)
     y = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
-    new_state = HybridState(S, z, win_k, win_v, state.win_pos, win_valid, first, state.seen + 1)
-    return y[:, :, None].to(q.dtype), new_state
+    return y[:, :, None].to(q.dtype)
