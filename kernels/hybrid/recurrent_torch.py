@@ -104,9 +104,6 @@ def decode_step_torch(
     q [B, H, 1, d], k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], mix [H] logits, valid [B] bool
     (False for a padding token), key_features: raw keys [B, H_kv, C, d] -> [B, H, C, F] (phi_k per
     query head, applied only to the keys folded into the state), scale: the score scale."""
-    B, H, _, d = q.shape
-    Hkv = k.shape[1]
-    G = H // Hkv
     first, pos = token_position(state, valid)
     S, z = state.S, state.z
     if kind == "linear":  # no window: the key goes straight into the state
