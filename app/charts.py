@@ -17,6 +17,7 @@ from plotly.subplots import make_subplots
 TEMPLATE = "plotly_white"
 LOG_FLOOR = 1e-6  # weights below this are drawn at the floor of the log scale
 COLORS = {"teacher": "#1f77b4", "student": "#d62728"}  # also the order models are drawn in
+BENCH_COLORS = {**COLORS, "floor": "#7f7f7f"}  # benchmarks also draw the attention-free floor
 DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]  # one per group of fixed factors
 GIB = 1024**3
 
@@ -197,7 +198,7 @@ def throughput_figure(points: Sequence[dict[str, Any]], x: str, metric: str) -> 
     scale = 1024**2 if metric.endswith("_bytes") else 1.0
     for gi, (key, pts) in enumerate(sorted(varied.items(), key=lambda kv: str(kv[0]))):
         fixed = ", ".join(f"{k.split('_')[0]}={v}" for k, v in zip(others, key) if v is not None)
-        for model in ("teacher", "student"):
+        for model in BENCH_COLORS:
             ok = sorted((p for p in pts if p.get("model") == model and p.get("status") == "ok"
                          and isinstance(p.get(metric), (int, float)) and p.get(x) is not None), key=lambda p: p[x])
             if not ok:
@@ -205,7 +206,7 @@ def throughput_figure(points: Sequence[dict[str, Any]], x: str, metric: str) -> 
             fig.add_trace(go.Scatter(
                 x=[p[x] for p in ok], y=[p[metric] / scale for p in ok], mode="lines+markers",
                 name=f"{model} ({fixed})" if fixed else model,
-                line={"color": COLORS[model], "dash": dashes[gi % len(dashes)]},
+                line={"color": BENCH_COLORS[model], "dash": dashes[gi % len(dashes)]},
             ))
     label = {"batch_size": "batch size", "context_length": "context length (prompt tokens)"}[x]
     fig.update_layout(title=f"{THROUGHPUT_METRICS.get(metric, metric)} vs {label}", template=TEMPLATE,
@@ -239,7 +240,7 @@ def _bench_figure(result: dict, x: str, panels: list[tuple[str, str, float]], ti
     groups = _bench_groups(result["points"], x)
     ooms = []
     for gi, (key, pts) in enumerate(sorted(groups.items())):
-        for model in COLORS:
+        for model in BENCH_COLORS:
             rows = sorted((p for p in pts if p["model"] == model), key=lambda p: p[x])
             ooms += [f"{model} {_fixed_label(x, key)} {x.split('_')[0]}={p[x]}" for p in rows if p["status"] == "oom"]
             ok = [p for p in rows if p["status"] == "ok"]
@@ -254,7 +255,7 @@ def _bench_figure(result: dict, x: str, panels: list[tuple[str, str, float]], ti
                         name=f"{model} ({_fixed_label(x, key)})",
                         legendgroup=f"{model}-{key}",
                         showlegend=col == 1,
-                        line={"color": COLORS[model], "dash": DASHES[gi % len(DASHES)]},
+                        line={"color": BENCH_COLORS[model], "dash": DASHES[gi % len(DASHES)]},
                     ),
                     row=1, col=col,
                 )
@@ -270,8 +271,12 @@ def _bench_figure(result: dict, x: str, panels: list[tuple[str, str, float]], ti
 
 def benchmark_figures(result: dict[str, Any]) -> dict[str, go.Figure]:
     """Figures of a :func:`core.bench.run_benchmark` result: throughput and peak memory against batch size and
-    against context length, teacher vs student. Keys: ``throughput_vs_batch``,
-    ``throughput_vs_context``, ``memory_vs_batch``, ``memory_vs_context``."""
+    against context length, teacher vs student (and the attention-free floor where measured). Keys:
+    ``throughput_vs_batch``, ``throughput_vs_context``, ``memory_vs_batch``, ``memory_vs_context``,
+    ``floor_gap`` (:func:`floor_gap_figure`) when the floor was measured and ``capacity``
+    (:func:`capacity_figure`) for a capacity run. A capacity run alone has only ``capacity``."""
+    if not result.get("points") and result.get("capacity"):
+        return {"capacity": capacity_figure(result["capacity"])}
     throughput = [
         ("prefill_tokens_per_second", "prefill tokens/s", 1.0),
         ("decode_tokens_per_second", "decode tokens/s", 1.0),
@@ -285,7 +290,66 @@ def benchmark_figures(result: dict[str, Any]) -> dict[str, go.Figure]:
         "throughput_vs_context": _bench_figure(result, "prompt_length", throughput, "Throughput vs context length", True),
         "memory_vs_batch": _bench_figure(result, "batch_size", memory, "Peak memory vs batch size", False),
         "memory_vs_context": _bench_figure(result, "prompt_length", memory, "Peak memory vs context length", False),
+        **({"floor_gap": floor_gap_figure(result)} if any("prefill_vs_floor" in c for c in result.get("comparisons", [])) else {}),
+        **({"capacity": capacity_figure(result["capacity"])} if result.get("capacity") else {}),
     }
+
+
+def floor_gap_figure(result: dict[str, Any]) -> go.Figure:
+    """Per point, the student's speed over the teacher's and over the attention-free floor's
+    (``comparisons`` of a result with the floor), prefill and decode side by side; the floor over
+    the teacher is the limit of any attention replacement. The dotted line at 1 is parity."""
+    rows = [c for c in result.get("comparisons", []) if "prefill_vs_floor" in c]
+    labels = [f"B={c['batch_size']} L={c['prompt_length']}" for c in rows]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["prefill", "decode"])
+    bars = [("student / teacher", "speedup", COLORS["student"]), ("floor / teacher", "floor_speedup", BENCH_COLORS["floor"]),
+            ("student / floor", "vs_floor", "#ff9896")]
+    for col, phase in enumerate(("prefill", "decode"), start=1):
+        for name, key, colour in bars:
+            field = f"floor_{phase}_speedup" if key == "floor_speedup" else f"{phase}_{key}"
+            fig.add_trace(go.Bar(x=labels, y=[c[field] for c in rows], name=name, legendgroup=name, showlegend=col == 1,
+                                 marker={"color": colour}), row=1, col=col)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
+    fig.update_yaxes(title_text="ratio of tokens/s", row=1, col=1)
+    fig.update_layout(title_text="Speed against the teacher and the attention-free floor", template=TEMPLATE,
+                      barmode="group", height=400)
+    return fig
+
+
+def capacity_figure(capacity: dict[str, Any]) -> go.Figure:
+    """A capacity run (``core.bench.capacity``, like the paper's Fig. 8): decode tokens/s against batch
+    size and the measured peak memory against batch size with the budget as a line, per model and
+    context length, from the trials that ran; the largest batch within the budget is ringed, and
+    trials out of memory or over the budget are named in the title."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["decode tokens/s", "peak memory while decoding (GiB)"])
+    over = []
+    for gi, context in enumerate(capacity.get("contexts", [])):
+        for model, found in context.get("models", {}).items():
+            measured = sorted((t for t in found["trials"] if "peak_memory_bytes" in t), key=lambda t: t["batch_size"])
+            fits = [t for t in measured if t["status"] == "ok"]
+            over += [f"{model} B={t['batch_size']} ({t['status']})" for t in found["trials"] if t["status"] != "ok"]
+            name = f"{model} (L={context['prompt_length']})"
+            line = {"color": BENCH_COLORS[model], "dash": DASHES[gi % len(DASHES)]}
+            fig.add_trace(go.Scatter(x=[t["batch_size"] for t in fits], y=[t["decode_tokens_per_second"] for t in fits],
+                                     mode="lines+markers", name=name, legendgroup=name, line=line), row=1, col=1)
+            fig.add_trace(go.Scatter(x=[t["batch_size"] for t in measured], y=[t["peak_memory_bytes"] / GIB for t in measured],
+                                     mode="lines+markers", name=name, legendgroup=name, showlegend=False, line=line),
+                          row=1, col=2)
+            if found.get("largest_batch"):
+                fig.add_trace(go.Scatter(x=[found["largest_batch"]], y=[found["decode_tokens_per_second"]], mode="markers",
+                                         name=f"{name}: largest batch {found['largest_batch']}", legendgroup=name,
+                                         marker={"size": 14, "symbol": "circle-open", "color": BENCH_COLORS[model]}),
+                              row=1, col=1)
+    budget = capacity.get("memory_budget_bytes")
+    if budget:
+        fig.add_hline(y=budget / GIB, line_dash="dot", line_color="black", row=1, col=2,
+                      annotation_text=f"budget {capacity.get('memory_budget', '')}")
+    fig.update_xaxes(title_text="batch size", type="log", dtick=math.log10(2))
+    fig.update_yaxes(type="log", row=1, col=1)
+    title = f"Capacity under a {capacity.get('memory_budget', '')} memory budget"
+    fig.update_layout(title_text=title + (f"<br><sup>not within the budget: {', '.join(over)}</sup>" if over else ""),
+                      template=TEMPLATE, height=420)
+    return fig
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,24 +1,28 @@
-"""Throughput and memory of the bundled model (SmolLM2-135M-Instruct) against its LoLCATs student.
+"""Throughput and memory of the bundled model (SmolLM2-135M-Instruct): teacher, LoLCATs student and
+the attention-free floor (the teacher with attention costing nothing), and the capacity of teacher
+and student under a memory budget.
 
-Runs :func:`core.bench.run_benchmark` on CPU in float32, teacher and student side by side in one
-run, prints a table and the targets, and writes ``benchmarks/results/throughput-cpu.json``:
+Runs :func:`core.bench.run_benchmark` on CPU in float32, the three side by side in one run per
+point, then a capacity run, prints a table and the targets, and writes
+``benchmarks/results/throughput-cpu.json``:
 
-    .venv/bin/python benchmarks/throughput.py            # about 10 minutes on 2 CPU cores
+    .venv/bin/python benchmarks/throughput.py            # about 25 minutes on a shared 2-core machine
     .venv/bin/python benchmarks/throughput.py --quick    # a one-minute smoke run (short contexts)
 
 One torch thread by default: the machine is shared, and with two threads every parallel op waits
 for a descheduled sibling (a scheduler time slice, ~6 ms, per op), which made decode steps of this
 model take seconds instead of ~0.1 s whenever others were busy. ``--threads 2`` on an idle machine.
 
-Sweeps (generation length 8, i.e. prefill + 7 timed decode steps per point):
-  * batch size 1, 2, 4, 8 at a 1024-token prompt;
-  * context 1024, 2048, 4096, 8192 at batch size 1;
-  * batch 8 at a 4096-token prompt (the decode target point).
+Points (generation length 8, i.e. prefill + 7 timed decode steps per point): batch 1 at 1k and
+8k context, batch 8 at 1k and at 4k context. Capacity: at 8k context under a 12 GiB budget, decode
+from a synthetic cache (:mod:`core.bench.capacity`).
 
 Targets checked (ratios measured in the same run):
-  * decode tokens/s at 4k context, batch 8: student >= 5x teacher;
-  * peak memory from 1k to 8k context: the student's grows by <= 10 %, the teacher's grows;
-  * prefill tokens/s at 8k context: student >= 2x teacher.
+  * prefill 8k x 1: student >= 2.1x teacher and >= 0.95x the floor; peak memory <= 0.7x the teacher's;
+  * prefill 1k x 8: student >= 1.05x teacher and >= 0.9x the floor;
+  * decode 4k x 8: student >= 5.8x teacher, step time <= 1.1x the floor's;
+  * capacity at 8k under 12 GiB: student decode tokens/s at its largest batch >= 6x the teacher's;
+  * decode peak memory from 1k to 8k context: the student's grows by <= 10 %, the teacher's grows.
 """
 
 from __future__ import annotations
@@ -35,9 +39,8 @@ from core.bench import GIB, BenchConfig, find_point, run_benchmark, write_result
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "throughput-cpu.json"
 GEN = 8
-DECODE_POINT = (8, 4096)  # batch, context of the decode target
-MEMORY_BATCH = 1  # batch size of the context sweep (memory and prefill targets)
-SHORT, LONG = 1024, 8192
+SHORT, MID, LONG = 1024, 4096, 8192
+BUDGET = "12GiB"
 
 
 def config(quick: bool, repeats: int, threads: int) -> BenchConfig:
@@ -48,60 +51,75 @@ def config(quick: bool, repeats: int, threads: int) -> BenchConfig:
             repeats=repeats, threads=threads,
         )
     return BenchConfig(
-        model="smollm2-135m-instruct",
-        dtype="float32",
-        device="cpu",
-        batch_sizes=[1, 2, 4, 8],
-        prompt_lengths=[SHORT, 2048, 4096, LONG],
-        gen_lengths=[GEN],
-        base_batch_size=MEMORY_BATCH,
-        base_prompt_length=SHORT,
-        extra_points=[[DECODE_POINT[0], DECODE_POINT[1], GEN]],
-        repeats=repeats,
-        threads=threads,
+        model="smollm2-135m-instruct", dtype="float32", device="cpu",
+        batch_sizes=[1], prompt_lengths=[SHORT, LONG], gen_lengths=[GEN],
+        extra_points=[[8, SHORT, GEN], [8, MID, GEN]], repeats=repeats, threads=threads,
     )
 
 
+def capacity_config(quick: bool, threads: int, budget: str) -> BenchConfig:
+    return BenchConfig(
+        model="smollm2-135m-instruct", dtype="float32", device="cpu", models=["teacher", "student"],
+        prompt_lengths=[256 if quick else LONG], memory_budget="1GiB" if quick else budget, threads=threads,
+    )
+
+
+def _ratio_target(name: str, value: float | None, target: float, at_most: bool = False) -> dict:
+    met = value is not None and (value <= target if at_most else value >= target)
+    return {f"{name}": value, f"{name}_target": f"{'<=' if at_most else '>='} {target}", f"{name}_met": met}
+
+
 def targets(result: dict) -> dict:
-    """The three headline comparisons, each with its target and whether it was met."""
+    """The headline comparisons, each with its target and whether it was met."""
     out: dict = {}
+    by_point = {(c["batch_size"], c["prompt_length"]): c for c in result["comparisons"]}
 
     def ok(model, b, l):
         p = find_point(result, model, b, l)
         return p if p is not None and p["status"] == "ok" else None
 
-    t, s = ok("teacher", *DECODE_POINT), ok("student", *DECODE_POINT)
-    if t and s:
-        ratio = s["decode_tokens_per_second"] / t["decode_tokens_per_second"]
-        out["decode_4k_batch8"] = {
-            "batch_size": DECODE_POINT[0], "prompt_length": DECODE_POINT[1],
-            "teacher_decode_tokens_per_second": t["decode_tokens_per_second"],
-            "student_decode_tokens_per_second": s["decode_tokens_per_second"],
-            "teacher_time_per_output_token_s": t["time_per_output_token_s"],
-            "student_time_per_output_token_s": s["time_per_output_token_s"],
-            "ratio": ratio, "target": ">= 5", "met": ratio >= 5,
+    if (c := by_point.get((1, LONG))) is not None:
+        out["prefill_8k_batch1"] = {
+            **{f"{m}_prefill_tokens_per_second": ok(m, 1, LONG)["prefill_tokens_per_second"] for m in ("teacher", "student", "floor")},
+            **{f"{m}_peak_memory_bytes": ok(m, 1, LONG)["peak_memory_bytes"] for m in ("teacher", "student")},
+            **_ratio_target("student_over_teacher", c["prefill_speedup"], 2.1),
+            **_ratio_target("student_over_floor", c.get("prefill_vs_floor"), 0.95),
+            "floor_over_teacher": c.get("floor_prefill_speedup"),
+            **_ratio_target("peak_memory_ratio", c["peak_memory_ratio"], 0.7, at_most=True),
         }
-    memory = {"batch_size": MEMORY_BATCH, "from_context": SHORT, "to_context": LONG}
+    if (c := by_point.get((8, SHORT))) is not None:
+        out["prefill_1k_batch8"] = {
+            **{f"{m}_prefill_tokens_per_second": ok(m, 8, SHORT)["prefill_tokens_per_second"] for m in ("teacher", "student", "floor")},
+            **_ratio_target("student_over_teacher", c["prefill_speedup"], 1.05),
+            **_ratio_target("student_over_floor", c.get("prefill_vs_floor"), 0.9),
+            "floor_over_teacher": c.get("floor_prefill_speedup"),
+        }
+    if (c := by_point.get((8, MID))) is not None:
+        out["decode_4k_batch8"] = {
+            **{f"{m}_time_per_output_token_s": ok(m, 8, MID)["time_per_output_token_s"] for m in ("teacher", "student", "floor")},
+            **_ratio_target("student_over_teacher", c["decode_speedup"], 5.8),
+            **_ratio_target("step_over_floor", c.get("decode_step_over_floor"), 1.1, at_most=True),
+            "floor_over_teacher": c.get("floor_decode_speedup"),
+        }
+    memory = {"batch_size": 1, "from_context": SHORT, "to_context": LONG}
     for model in ("teacher", "student"):
-        a, b = ok(model, MEMORY_BATCH, SHORT), ok(model, MEMORY_BATCH, LONG)
+        a, b = ok(model, 1, SHORT), ok(model, 1, LONG)
         if a and b:
             for metric in ("peak_memory_bytes", "decode_peak_memory_bytes", "cache_bytes"):
-                memory[f"{model}_{metric}_1k"] = a[metric]
-                memory[f"{model}_{metric}_8k"] = b[metric]
+                memory[f"{model}_{metric}_1k"], memory[f"{model}_{metric}_8k"] = a[metric], b[metric]
                 memory[f"{model}_{metric}_growth"] = b[metric] / a[metric] - 1
-    if "student_peak_memory_bytes_growth" in memory and "teacher_peak_memory_bytes_growth" in memory:
-        for metric, key in (("peak_memory_bytes", "met"), ("decode_peak_memory_bytes", "met_while_decoding")):
-            memory[key] = memory[f"student_{metric}_growth"] <= 0.10 and memory[f"teacher_{metric}_growth"] > 0.10
-        memory["target"] = "student growth <= 10 %, teacher grows"
-        out["memory_1k_to_8k"] = memory
-    t, s = ok("teacher", MEMORY_BATCH, LONG), ok("student", MEMORY_BATCH, LONG)
-    if t and s:
-        ratio = s["prefill_tokens_per_second"] / t["prefill_tokens_per_second"]
-        out["prefill_8k"] = {
-            "batch_size": MEMORY_BATCH, "prompt_length": LONG,
-            "teacher_prefill_tokens_per_second": t["prefill_tokens_per_second"],
-            "student_prefill_tokens_per_second": s["prefill_tokens_per_second"],
-            "ratio": ratio, "target": ">= 2", "met": ratio >= 2,
+    if "student_decode_peak_memory_bytes_growth" in memory and "teacher_decode_peak_memory_bytes_growth" in memory:
+        memory["met"] = (memory["student_decode_peak_memory_bytes_growth"] <= 0.10
+                         and memory["teacher_decode_peak_memory_bytes_growth"] > 0.10)
+        memory["target"] = "student decode peak growth <= 10 %, teacher grows"
+        out["decode_memory_1k_to_8k"] = memory
+    for context in result.get("capacity", {}).get("contexts", []):
+        found = context["models"]
+        out[f"capacity_{context['prompt_length']}"] = {
+            "memory_budget": result["capacity"]["memory_budget"],
+            **{f"{m}_largest_batch": found[m]["largest_batch"] for m in found},
+            **{f"{m}_decode_tokens_per_second": found[m]["decode_tokens_per_second"] for m in found},
+            **_ratio_target("student_over_teacher", context.get("decode_speedup"), 6.0),
         }
     return out
 
@@ -146,9 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short contexts only: a smoke run, no targets")
     parser.add_argument("--repeats", type=int, default=1, help="measurements per point and model (medians)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1, see above)")
+    parser.add_argument("--budget", default=BUDGET, help=f"memory budget of the capacity run (default {BUDGET}; '' skips it)")
     args = parser.parse_args(argv)
 
-    result = run_benchmark(config(args.quick, args.repeats, args.threads), Printer())
+    printer = Printer()
+    result = run_benchmark(config(args.quick, args.repeats, args.threads), printer)
+    if args.budget:
+        capacity = run_benchmark(capacity_config(args.quick, args.threads, args.budget), printer)
+        result["capacity"] = capacity["capacity"]
+        result["capacity"]["environment"] = capacity["environment"]
+        result["duration_s"] += capacity["duration_s"]
     result["targets"] = {} if args.quick else targets(result)
     print()
     print(table(result))

@@ -2,7 +2,8 @@
 
 Entry points: :func:`hybrid_attention` (a whole sequence, ``chunk_triton`` or ``chunk_torch``),
 :func:`decode_step` (one token against the recurrent state, ``recurrent_triton`` or
-``recurrent_torch``) and :func:`prefill_state` (the state a prefill leaves behind, PyTorch).
+``recurrent_torch``), :func:`prefill_state` (the state a prefill leaves behind, PyTorch) and
+:func:`prefill_chunk` (a chunk of a prompt from a carried state, ``kernels.hybrid.carry``, PyTorch).
 The backend, in order of precedence: the ``backend`` argument; :func:`set_backend`; the
 ``LOLCATS_KERNELS`` environment variable (``auto``, the default, ``triton`` or ``torch``).
 ``auto`` picks Triton for CUDA tensors when a one-off smoke test passes (else it warns once and
@@ -20,6 +21,7 @@ import warnings
 import torch
 
 from kernels.hybrid import recurrent_torch
+from kernels.hybrid.carry import prefill_chunk
 from kernels.hybrid.chunk_torch import hybrid_attention_torch
 from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, prefill_state
 
@@ -186,6 +188,7 @@ __all__ = [
     "decode_step",
     "hybrid_attention",
     "load_triton",
+    "prefill_chunk",
     "prefill_state",
     "requested_backend",
     "select_backend",

@@ -76,8 +76,40 @@ def _points_table(points: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+FLOOR_COLUMNS = {"prefill_speedup": "prefill student / teacher", "floor_prefill_speedup": "prefill floor / teacher",
+                 "prefill_vs_floor": "prefill student / floor", "decode_speedup": "decode student / teacher",
+                 "floor_decode_speedup": "decode floor / teacher", "decode_vs_floor": "decode student / floor"}
+
+
+def _floor_table(report: dict) -> pd.DataFrame:
+    """One row per point of the report's ``comparisons`` that include the floor (empty without it)."""
+    rows = report.get("comparisons") if isinstance(report, dict) else None
+    rows = [c for c in rows if isinstance(c, dict) and all(k in c for k in FLOOR_COLUMNS)] if isinstance(rows, list) else []
+    return pd.DataFrame([{"batch": c.get("batch_size"), "context": c.get("prompt_length"),
+                          **{label: c[key] for key, label in FLOOR_COLUMNS.items()}} for c in rows])
+
+
+def _capacity(capacity: dict) -> None:
+    """The capacity run: throughput and memory against batch size with the budget, and the largest batches."""
+    st.subheader(f"Capacity under {capacity.get('memory_budget', 'a memory budget')}")
+    st.caption("The largest batch whose measured decode peak fits the budget, per model, and the decode throughput "
+               "there. " + str(capacity.get("method", "")))
+    st.plotly_chart(charts.capacity_figure(capacity), key="bench_capacity")
+    rows = [{"context": c.get("prompt_length"), "model": model, "largest batch": found.get("largest_batch"),
+             "decode tok/s": found.get("decode_tokens_per_second"),
+             "peak memory (GiB)": (found.get("peak_memory_bytes") or 0) / 1024**3 or None}
+            for c in capacity.get("contexts", []) for model, found in c.get("models", {}).items()]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(format="%.2f") for c in ("decode tok/s", "peak memory (GiB)")})
+
+
 def _charts(job: JobInfo, report: dict) -> None:
+    capacity = report.get("capacity") if isinstance(report, dict) else None
+    if isinstance(capacity, dict) and capacity.get("contexts"):
+        _capacity(capacity)
     points = bench_results.normalise(report)
+    if not points and isinstance(capacity, dict):
+        return
     if not points:
         st.warning(f"The report of job #{job.id} holds no benchmark points this page can read.")
         with st.expander("Raw report"):
@@ -90,6 +122,8 @@ def _charts(job: JobInfo, report: dict) -> None:
     native = bench_results.native_figures(report)
     if native:
         for name, fig in native.items():
+            if name == "capacity":  # drawn above
+                continue
             st.plotly_chart(fig, key=f"bench_native_{name}")
     else:
         for x in ("batch_size", "context_length"):
@@ -102,6 +136,13 @@ def _charts(job: JobInfo, report: dict) -> None:
     st.dataframe(_points_table(points), hide_index=True, width="stretch",
                  column_config={c: st.column_config.NumberColumn(format="%.1f")
                                 for c in ("tokens/s", "decode tok/s", "prefill tok/s", "peak memory (MiB)")})
+    gaps = _floor_table(report)
+    if not gaps.empty:
+        st.caption("The floor is the teacher with an attention that costs nothing (it returns zeros): the speed any "
+                   "attention replacement is bounded by. floor / teacher is that limit; student / floor how close the "
+                   "student gets to it.")
+        st.dataframe(gaps, hide_index=True, width="stretch",
+                     column_config={c: st.column_config.NumberColumn(format="%.2f") for c in FLOOR_COLUMNS.values()})
 
 
 def _job_view(job_id: int) -> None:

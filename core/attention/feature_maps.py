@@ -47,7 +47,9 @@ class HedgehogFeatureMap(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight.float()
-        u = torch.einsum("bhld,hdf->bhlf", x.float(), torch.cat([w, -w], dim=-1))  # [x W_h, -x W_h]: [B, H, L, 2f]
+        # [x W_h, -x W_h]: [B, H, L, 2f]; a broadcast matmul writes it contiguous (einsum's output is a
+        # permuted view that the softmax would copy)
+        u = torch.matmul(x.float(), torch.cat([w, -w], dim=-1))
         phi = torch.softmax(u.unflatten(-1, (2, -1)), dim=-1).flatten(-2)  # each half its own softmax
         return phi.clamp(min=self.eps) if phi.requires_grad else phi.clamp_(min=self.eps)
 
@@ -66,7 +68,7 @@ class T2RFeatureMap(nn.Module):
         return self.weight.shape[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        u = torch.einsum("bhld,hdf->bhlf", x.float(), self.weight.float())
+        u = torch.matmul(x.float(), self.weight.float())
         return torch.relu(u + self.bias.float().view(1, -1, 1, 1))
 
 

@@ -128,13 +128,22 @@ class LolcatsAttention(nn.Module):
                 layer.state = dispatch.prefill_state(self.kind, self.window_size, k, v, kf, m)
                 layer.is_initialized = True
             return y
-        # state present: one token at a time (decoding; multi-token chunks are rare). Key features
-        # are computed only for the keys that leave the window, when they are folded into the state.
-        qf = self.feature_map_q(q)
-        outs = []
+        # state present. A chunk of several tokens (a prompt prefilled in chunks) goes through the
+        # parallel form from the carried state where it applies; otherwise, and when decoding, one
+        # token at a time, computing key features only for the keys that leave the window.
         B, L = q.shape[0], q.shape[2]
         valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
         key_features = lambda keys: self.feature_map_k(repeat_kv(keys, self.num_key_value_groups))
+        if L > 1:
+            qf, kf = self.features(q, k)
+            out = dispatch.prefill_chunk(layer.state, self.kind, self.window_size, q, k, v, qf, kf, self.mix, valid,
+                                         key_features, self.scaling)
+            if out is not None:
+                y, layer.state = out
+                return y
+        else:
+            qf = self.feature_map_q(q)
+        outs = []
         for t in range(L):
             y, layer.state = dispatch.decode_step(
                 layer.state, self.kind, self.window_size, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1],

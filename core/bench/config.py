@@ -7,13 +7,32 @@ student and :func:`attention_fields` turns a student's back into plain fields.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from core.config import BUNDLED_MODEL, AttentionSpec, ConfigError, build_spec
 
-MODELS = ("teacher", "student")
+MODELS = ("teacher", "student", "floor")  # floor: the teacher with attention costing nothing
 SWEEPS = ("axes", "grid")
+CAPACITY_MODELS = ("teacher", "student")  # the models a capacity run searches
+_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes of a size such as ``12GiB``, ``500MiB``, ``1.5 GiB``, ``2GB`` (decimal) or ``1048576``."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", str(text), re.IGNORECASE)
+        if match is None:
+            raise ConfigError(f"memory budget: expected a size such as 12GiB or 500MiB, got {text!r}")
+        value, unit = float(match.group(1)), (match.group(2) or "").lower()
+    size = int(value * _UNITS[unit])
+    if size < 1:
+        raise ConfigError(f"memory budget must be positive, got {text!r}")
+    return size
 
 
 @dataclass
@@ -25,6 +44,10 @@ class BenchConfig:
     batch size and generation length, every ``gen_lengths`` value at the base batch size and
     prompt length. ``sweep="grid"`` measures the full product. ``extra_points`` are added in both
     modes. A base value left ``None`` is the first value of its list.
+
+    ``memory_budget`` (e.g. ``"12GiB"``) makes the run a capacity run instead of a sweep: at every
+    ``prompt_lengths`` value, the largest batch of teacher and student whose decode peak fits the
+    budget and the decode throughput there (:mod:`core.bench.capacity`).
     """
 
     model: str = BUNDLED_MODEL  # any source core.models.load_model accepts
@@ -46,6 +69,10 @@ class BenchConfig:
     threads: int | None = None  # torch intra-op threads during the sweep; None keeps torch's setting
     warmup: bool = True  # one short untimed prefill + decode per model before the sweep
     seed: int = 0
+    prefill_chunk: int | None = 1024  # the student prefills in chunks of this many tokens (None: at once)
+    memory_budget: str | None = None  # a size such as "12GiB": a capacity run (see above)
+    capacity_steps: int = 3  # timed decode steps per capacity trial
+    max_batch: int = 65536  # the doubling stops here
 
     def __post_init__(self):
         for name in ("batch_sizes", "prompt_lengths", "gen_lengths"):
@@ -80,6 +107,16 @@ class BenchConfig:
             if int(self.threads) < 1:
                 raise ConfigError(f"threads must be >= 1 (or None for torch's default), got {self.threads}")
             self.threads = int(self.threads)
+        if self.memory_budget is not None:
+            parse_size(self.memory_budget)
+            self.memory_budget = str(self.memory_budget)
+        if self.prefill_chunk is not None:
+            if int(self.prefill_chunk) < 1:
+                raise ConfigError(f"prefill_chunk must be >= 1 (or None for the whole prompt), got {self.prefill_chunk}")
+            self.prefill_chunk = int(self.prefill_chunk)
+        if int(self.capacity_steps) < 1 or int(self.max_batch) < 1:
+            raise ConfigError(f"capacity_steps and max_batch must be >= 1, got {self.capacity_steps}, {self.max_batch}")
+        self.capacity_steps, self.max_batch = int(self.capacity_steps), int(self.max_batch)
         self.linearize_config()  # validates the fields
 
     def linearize_config(self) -> AttentionSpec:
@@ -87,7 +124,9 @@ class BenchConfig:
         return build_spec(AttentionSpec, {"feature_init": "random", **self.linearize}, "linearize")
 
     def points(self) -> list[tuple[int, int, int]]:
-        """The points to measure, in order, without duplicates."""
+        """The points to measure, in order, without duplicates (none in a capacity run)."""
+        if self.memory_budget is not None:
+            return []
         if self.sweep == "grid":
             pts = [(b, l, g) for b in self.batch_sizes for l in self.prompt_lengths for g in self.gen_lengths]
         else:

@@ -2,7 +2,9 @@
 
 * Prefill: one forward over ``B x L`` token ids with an empty cache and ``logits_to_keep=1`` (the
   ``[B, L, vocab]`` logits would dominate memory and are not needed to generate), then a greedy
-  argmax. Its time is the time to first token (TTFT).
+  argmax; or, for a model given a prefill chunk, one forward per chunk continuing from the cache
+  (the student's state is carried, so its temporaries are bounded by the chunk). Its time is the
+  time to first token (TTFT).
 * Decode: ``G - 1`` single-token forward calls with the cache (``model(...)`` directly, not
   ``generate``, so no sampling or stopping logic is timed), a greedy argmax after each. The median
   step time is the time per output token (TPOT).
@@ -38,9 +40,12 @@ from core.io import is_oom
 
 
 def new_cache(model: nn.Module):
-    """An empty ``DynamicCache`` for ``model`` (converted layers swap their slot for a hybrid cache layer)."""
+    """An empty cache for ``model``: its own ``new_cache()`` when it has one (the attention-free
+    floor), else a ``DynamicCache`` (converted layers swap their slot for a hybrid cache layer)."""
     from transformers import DynamicCache
 
+    if hasattr(model, "new_cache"):
+        return model.new_cache()
     return DynamicCache(config=model.config)
 
 
@@ -70,10 +75,14 @@ class Request:
             torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor) -> None:
+    def prefill(self, input_ids: torch.Tensor, chunk: int | None = None) -> None:
+        """One forward over the prompt, or one per ``chunk`` tokens, each continuing from the cache."""
         self.tracker.begin()
         t0 = time.perf_counter()
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        L = input_ids.shape[1]
+        for start in range(0, L, chunk or L):
+            out = self.model(input_ids=input_ids[:, start : start + (chunk or L)], past_key_values=self.cache,
+                             use_cache=True, logits_to_keep=1)
         self.token = out.logits[:, -1].argmax(-1, keepdim=True)
         self._sync()
         self.run.prefill_s = time.perf_counter() - t0
@@ -96,12 +105,14 @@ class Request:
 
 
 def measure_point(
-    models: dict[str, nn.Module], input_ids: torch.Tensor, gen_length: int, tracker, order: list[str]
+    models: dict[str, nn.Module], input_ids: torch.Tensor, gen_length: int, tracker, order: list[str],
+    chunks: dict[str, int] | None = None,
 ) -> dict[str, Run | str]:
     """Measure every model at one point, interleaved: prefills in ``order``, then decode steps
     alternating between the models (the order flipping every step), so that what else runs on the
-    machine slows them alike. Returns a :class:`Run` per model, or the message of its
-    out-of-memory error."""
+    machine slows them alike. ``chunks``: the prefill chunk of a model (absent: the whole prompt at
+    once). Returns a :class:`Run` per model, or the message of its out-of-memory error."""
+    chunks = chunks or {}
     device = input_ids.device
     requests: dict[str, Request] = {}
     failed: dict[str, str] = {}
@@ -121,7 +132,7 @@ def measure_point(
 
     for name in order:
         requests[name] = Request(models[name], tracker, device)
-        attempt(name, lambda request=requests[name]: request.prefill(input_ids))
+        attempt(name, lambda request=requests[name], chunk=chunks.get(name): request.prefill(input_ids, chunk))
     for i in range(gen_length - 1):
         for name in order if i % 2 else list(reversed(order)):
             if name in requests:

@@ -17,10 +17,19 @@ only time-sliced.
 * The **teacher** is the original model with Hugging Face's SDPA attention and its ``DynamicCache``
   (a key/value cache growing with the context).
 * The **student** is a converted copy with randomly initialised feature maps, or the student of
-  ``student_checkpoint`` (:mod:`core.bench.student`).
+  ``student_checkpoint`` (:mod:`core.bench.student`). It prefills in chunks of ``prefill_chunk``
+  tokens from its carried state (constant in size), so its prefill temporaries are bounded by the
+  chunk; the teacher and the floor prefill the whole prompt at once, as transformers does.
+* The **floor** is the teacher with an attention that returns zeros and a cache that stores
+  nothing (:mod:`core.bench.floor`, sharing the teacher's weights): the speed any attention
+  replacement is bounded by. ``comparisons`` give student / teacher and student / floor.
 
 Out of memory (:func:`core.io.is_oom`) while measuring a model at a point is recorded as that
 point with ``status: "oom"``; the other model and the rest of the sweep continue.
+
+With ``memory_budget`` set the run is a capacity run (:mod:`core.bench.capacity`): no sweep
+points, and a ``capacity`` section with the largest batch of teacher and student within the
+budget at every prompt length and their decode throughput there.
 """
 
 from __future__ import annotations
@@ -36,7 +45,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.bench.config import BenchConfig, attention_fields
+from core.bench.capacity import run_capacity
+from core.bench.config import CAPACITY_MODELS, BenchConfig, attention_fields
+from core.bench.floor import AttentionFreeFloor
 from core.bench.measure import Run, measure_point, random_input_ids, summarise
 from core.bench.memory import GIB, free_memory, peak_tracker, weight_bytes
 from core.bench.student import convert_teacher
@@ -74,7 +85,7 @@ def run_benchmark(
     if student is None and "student" in config.models:
         progress.on_log("building the student (copy + linearize)")
         student = convert_teacher(teacher, config)
-    models = {"teacher": teacher, "student": student}
+    models = {"teacher": teacher, "student": student, "floor": AttentionFreeFloor(teacher) if "floor" in config.models else None}
     models = {name: models[name] for name in config.models}
     weights = {name: weight_bytes(m) for name, m in models.items()}
     text_config = teacher.config.get_text_config(decoder=True)
@@ -112,7 +123,8 @@ def run_benchmark(
                 todo = {name: models[name] for name in order if (name, point) not in oom}  # no retry after OOM
                 if todo:
                     ids = random_input_ids(vocab, b, l, config.seed + i, device)
-                    measured = measure_point(todo, ids, g, tracker, [n for n in order if n in todo])
+                    measured = measure_point(todo, ids, g, tracker, [n for n in order if n in todo],
+                                             {"student": config.prefill_chunk} if config.prefill_chunk else None)
                     del ids
                     free_memory(device)
                     for name, value in measured.items():
@@ -136,6 +148,13 @@ def run_benchmark(
                             )
                         })
                     progress.on_log(_describe(name, point, metrics))
+        capacity = None
+        if config.memory_budget is not None:
+            capacity = run_capacity(
+                {name: models[name] for name in CAPACITY_MODELS if name in models}, config.prompt_lengths,
+                config.memory_budget, steps=config.capacity_steps, tracker=tracker, weights=weights, seed=config.seed,
+                max_batch=config.max_batch, log=progress.on_log,
+            )
     finally:
         tracker.close()
         gc.unfreeze()
@@ -178,6 +197,7 @@ def run_benchmark(
         },
         "points": results,
         "comparisons": compare(results),
+        **({"capacity": capacity} if capacity is not None else {}),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": time.time() - started,
     }
@@ -199,7 +219,8 @@ def find_point(result: dict[str, Any], model: str, batch_size: int, prompt_lengt
 
 
 def compare(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Student / teacher ratios at every point where both were measured."""
+    """Student / teacher ratios at every point where both were measured and, where the floor was
+    measured too, student / floor and floor / teacher (the limit of any attention replacement)."""
     by_key: dict[tuple, dict[str, dict]] = {}
     for p in points:
         by_key.setdefault((p["batch_size"], p["prompt_length"], p["gen_length"]), {})[p["model"]] = p
@@ -220,6 +241,15 @@ def compare(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "decode_peak_memory_ratio": s["decode_peak_memory_bytes"] / t["decode_peak_memory_bytes"],
             "cache_bytes_ratio": s["cache_bytes"] / t["cache_bytes"],
         })
+        f = pair.get("floor")
+        if f and f["status"] == "ok":
+            rows[-1].update({
+                "prefill_vs_floor": s["prefill_tokens_per_second"] / f["prefill_tokens_per_second"],
+                "decode_vs_floor": s["decode_tokens_per_second"] / f["decode_tokens_per_second"],
+                "decode_step_over_floor": s["time_per_output_token_s"] / f["time_per_output_token_s"],
+                "floor_prefill_speedup": f["prefill_tokens_per_second"] / t["prefill_tokens_per_second"],
+                "floor_decode_speedup": f["decode_tokens_per_second"] / t["decode_tokens_per_second"],
+            })
     return rows
 
 

@@ -22,6 +22,12 @@ def bench(
     prompt_lengths: str = typer.Option("512,1024,2048,4096", help="Comma-separated prompt lengths."),
     gen_lengths: str = typer.Option("8", help="Comma-separated generation lengths."),
     threads: Optional[int] = typer.Option(None, help="torch threads during the sweep."),
+    models: str = typer.Option("teacher,student,floor", help="Comma-separated models: teacher, student, floor "
+                               "(the teacher with attention costing nothing)."),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="A capacity run instead of a sweep: "
+                                                "the largest batch of teacher and student whose decode peak fits this "
+                                                "size (e.g. 12GiB, 500MiB) at each prompt length, and its decode throughput."),
+    capacity_steps: int = typer.Option(3, help="Timed decode steps per capacity trial."),
     output: Path = typer.Option(Path("bench.json"), "--output", "-o", help="JSON result file."),
     workspace: Optional[Path] = WorkspaceOpt,
 ) -> None:
@@ -31,6 +37,8 @@ def bench(
     cfg = BenchConfig(model=model, student_checkpoint=str(checkpoint) if checkpoint else None,
                       batch_sizes=_ints(batch_sizes), prompt_lengths=_ints(prompt_lengths),
                       gen_lengths=_ints(gen_lengths), threads=threads,
+                      models=[m.strip() for m in models.split(",") if m.strip()],
+                      memory_budget=memory_budget, capacity_steps=capacity_steps,
                       workspace=str(workspace) if workspace else None)
     with RichProgress() as progress:
         result = run_benchmark(cfg, progress)

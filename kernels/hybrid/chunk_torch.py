@@ -172,9 +172,10 @@ def history_terms(qf, kf, va, tile: int, lag: int, partial: bool) -> torch.Tenso
     return out.view(B, H, nt * tile, d1)[:, :, :L]
 
 
-def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None):
-    """See the module docstring. Inputs are assumed validated (see ``core.attention``)."""
-    out_dtype = q.dtype
+def hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None) -> torch.Tensor:
+    """The op before its normalisation: [B, H, L, d + 1] float32, numerator (first d columns) and
+    denominator (last column) of y_n, window terms times g plus history terms (:func:`normalise`
+    divides). Inputs as :func:`hybrid_attention_torch`."""
     B, H, L, d = q.shape
     scale = d**-0.5 if scale is None else scale
     (q, k, v, qf, kf), mask, shift = left_align(*(t.float() for t in (q, k, v, q_feat, k_feat)), attention_mask)
@@ -189,8 +190,18 @@ def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, a
     else:
         w = window_size
         g = torch.sigmoid(mix.float()).view(1, H, 1, 1)
-        t = window_terms(q, k, va, mask, kind, w, scale) * g
-        t = t + history_terms(qf, kf, va, w, lag=2, partial=kind == "sliding_window")
-    num, den = t[..., :d], t[..., d]
-    y = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)  # 0 where nothing is attended
-    return restore_rows(y, shift).to(out_dtype)
+        window = window_terms(q, k, va, mask, kind, w, scale)
+        history = history_terms(qf, kf, va, w, lag=2, partial=kind == "sliding_window")
+        t = window * g + history if window.requires_grad else window.mul_(g).add_(history)
+    return restore_rows(t, shift)
+
+
+def normalise(t: torch.Tensor) -> torch.Tensor:
+    """[..., d + 1] numerator and denominator -> [..., d] outputs (0 where nothing is attended)."""
+    num, den = t[..., :-1], t[..., -1]
+    return num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
+
+
+def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None):
+    """See the module docstring. Inputs are assumed validated (see ``core.attention``)."""
+    return normalise(hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)).to(q.dtype)

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from kernels.hybrid import compiled
 from kernels.hybrid.chunk_torch import augment_values
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 from kernels.hybrid.window import window_capacity, window_start
@@ -46,7 +47,7 @@ class HybridState:
         )
 
 
-def _fold(S, z, k_feat, v, weight):
+def fold_keys(S, z, k_feat, v, weight):
     """Add weight_j * phi_k(k_j) v_j^T to S and weight_j * phi_k(k_j) to z.
 
     k_feat [B, H, K, F], v [B, H_kv, K, d], weight [B, K] (0/1). One product per query head with
@@ -81,7 +82,7 @@ def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
     cols = fold.any(0).nonzero().flatten()
     if cols.numel():  # the span of folded keys: all but the window's, unless rows are padded
         a, b = int(cols[0]), int(cols[-1]) + 1
-        S, z = _fold(S, z, k_feat[:, :, a:b], v[:, :, a:b], fold[:, a:b])
+        S, z = fold_keys(S, z, k_feat[:, :, a:b], v[:, :, a:b], fold[:, a:b])
     K = window_capacity(kind, w)
     win_k, win_v = k.new_zeros(B, Hkv, K, d), v.new_zeros(B, Hkv, K, d)
     win_pos = torch.zeros(B, K, dtype=torch.long, device=k.device)
@@ -103,25 +104,36 @@ def decode_step_torch(
     q [B, H, 1, d], k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], mix [H] logits, valid [B] bool
     (False for a padding token), key_features: raw keys [B, H_kv, C, d] -> [B, H, C, F] (phi_k per
     query head, applied only to the keys folded into the state), scale: the score scale."""
-    B, H, _, d = q.shape
-    Hkv = k.shape[1]
-    G = H // Hkv
     first, pos = token_position(state, valid)
     S, z = state.S, state.z
     if kind == "linear":  # no window: the key goes straight into the state
-        S, z = _fold(S, z, key_features(k), v, valid[:, None])
+        S, z = fold_keys(S, z, key_features(k), v, valid[:, None])
     else:  # fold the keys that leave the window, then write the new one into its slot
         fold = leaving(kind, w, state, pos)
         cols = leaving_columns(kind, state, fold)
         if cols.numel():
-            S, z = _fold(S, z, key_features(state.win_k[:, :, cols]), state.win_v[:, :, cols], fold[:, cols])
+            S, z = fold_keys(S, z, key_features(state.win_k[:, :, cols]), state.win_v[:, :, cols], fold[:, cols])
         place_token(state, k, v, pos, valid, fold)
     win_k, win_v, win_valid = state.win_k, state.win_v, state.win_valid
 
+    windowed = kind != "linear"
+    y = compiled.readout(q_feat, q, S, z, win_k if windowed else None, win_v if windowed else None, win_valid, mix, scale)
+    new_state = HybridState(S, z, win_k, win_v, state.win_pos, win_valid, first, state.seen + 1)
+    return y, new_state
+
+
+def readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale: float) -> torch.Tensor:
+    """y [B, H, 1, d] of one token from the updated state and window cache (``win_k`` None: linear):
+
+        y = (phi_q(q)^T S + g sum_{j in cache} exp(s_j - c) v_j) / (phi_q(q)^T z + g sum_{j in cache} exp(s_j - c))
+    """
+    B, H, _, d = q.shape
     qf = q_feat.float()  # [B, H, 1, F]
     num = torch.matmul(qf, S)[:, :, 0]  # [B, H, d]
     den = torch.matmul(qf, z[..., None])[:, :, 0, 0]  # [B, H]
-    if kind != "linear":
+    if win_k is not None:
+        Hkv = win_k.shape[1]
+        G = H // Hkv
         qg = q.float().view(B, Hkv, G, d) * scale
         s = torch.matmul(qg, win_k.float().transpose(-1, -2))  # [B, Hkv, G, K]
         s = s.masked_fill(~win_valid[:, None, None, :], float("-inf"))
@@ -131,5 +143,4 @@ def decode_step_torch(
         num = num + torch.matmul(p, win_v.float()).view(B, H, d)
         den = den + p.sum(-1).view(B, H)
     y = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
-    new_state = HybridState(S, z, win_k, win_v, state.win_pos, win_valid, first, state.seen + 1)
-    return y[:, :, None].to(q.dtype), new_state
+    return y[:, :, None].to(q.dtype)

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from app.charts import benchmark_figures
-from tests.core.bench.runs import OOM_ERRORS, OOM_PHASES, result_with_oom, small_result
+from tests.core.bench.runs import OOM_ERRORS, OOM_PHASES, capacity_result, result_with_oom, small_result
 
 
 @pytest.fixture(scope="module")
@@ -15,14 +15,25 @@ def result():
 
 def test_figures_build(result):
     figs = benchmark_figures(result)
-    assert set(figs) == {"throughput_vs_batch", "throughput_vs_context", "memory_vs_batch", "memory_vs_context"}
-    for fig in figs.values():
+    lines = {"throughput_vs_batch", "throughput_vs_context", "memory_vs_batch", "memory_vs_context"}
+    assert set(figs) == lines | {"floor_gap"}
+    for fig in (figs[name] for name in lines):
         traces = [t for t in fig.data if len(t.x)]
-        assert {t.name.split()[0] for t in traces} == {"teacher", "student"}
+        assert {t.name.split()[0] for t in traces} == {"teacher", "student", "floor"}
         assert all(y > 0 and math.isfinite(y) for t in traces for y in t.y)
         fig.to_json()
     batch_traces = figs["throughput_vs_batch"].data
     assert sorted(batch_traces[0].x) == [1, 3]
+
+
+def test_floor_gap_bars_are_the_comparisons(result):
+    fig = benchmark_figures(result)["floor_gap"]
+    by_name = {(t.name, t.xaxis): list(t.y) for t in fig.data}
+    rows = result["comparisons"]
+    assert by_name[("student / teacher", "x")] == [c["prefill_speedup"] for c in rows]
+    assert by_name[("student / floor", "x2")] == [c["decode_vs_floor"] for c in rows]
+    assert by_name[("floor / teacher", "x2")] == [c["floor_decode_speedup"] for c in rows]
+    assert all(y > 0 for ys in by_name.values() for y in ys)
 
 
 @OOM_ERRORS
@@ -31,3 +42,18 @@ def test_figures_build_with_an_out_of_memory_point(monkeypatch, error, phase):
     out, _, _ = result_with_oom(monkeypatch, error, phase)
     figs = benchmark_figures(out)  # figures still build with an OOM point
     assert "out of memory" in figs["throughput_vs_batch"].layout.title.text
+
+
+def test_capacity_figure_draws_the_trials_and_the_budget():
+    out = capacity_result()
+    figs = benchmark_figures(out)
+    assert set(figs) == {"capacity"}
+    fig = figs["capacity"]
+    found = out["capacity"]["contexts"][0]["models"]
+    for model in ("teacher", "student"):
+        line = next(t for t in fig.data if t.name == f"{model} (L=24)" and t.xaxis == "x")
+        assert list(line.x) == [1, 2, 4, 8] == [t["batch_size"] for t in found[model]["trials"]]
+        assert list(line.y) == [t["decode_tokens_per_second"] for t in found[model]["trials"]]
+        assert found[model]["largest_batch"] == 8 and found[model]["reached_max_batch"]
+    budget = [s for s in fig.layout.shapes if s.y0 == s.y1]
+    assert len(budget) == 1 and budget[0].y0 == 1.0  # 1 GiB

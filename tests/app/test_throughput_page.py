@@ -32,6 +32,13 @@ def test_charts_and_table_of_a_benchmark_job(seeded_ws):
     assert "batch size" in titles and "context length" in titles
     names = {t.get("name", "") for f in figs for t in f["data"]}
     assert any(n.startswith("teacher") for n in names) and any(n.startswith("student") for n in names)
+    assert any(n.startswith("floor") for n in names)  # the attention-free floor is drawn
+    assert "Speed against the teacher and the attention-free floor" in titles
+    gaps = at.dataframe[1].value
+    comparisons = report["comparisons"]
+    assert len(gaps) == len(comparisons) > 0
+    assert list(gaps["decode student / floor"]) == pytest.approx([c["decode_vs_floor"] for c in comparisons])
+    assert list(gaps["prefill floor / teacher"]) == pytest.approx([c["floor_prefill_speedup"] for c in comparisons])
     table = at.dataframe[0].value
     assert len(table) == len(points)
     row = table[(table["model"] == "student") & (table["batch"] == points[0]["batch_size"])].iloc[0]
@@ -56,6 +63,22 @@ def test_foreign_report_falls_back_to_the_workbench_charts(fresh_ws):
     tps = next(f for f in figs if f["layout"]["title"]["text"] == "tokens/s (prefill + decode) vs batch size")
     lines = {t["name"]: t["y"] for t in tps["data"]}
     assert lines == {"teacher (context=64)": [10.0, 20.0, 40.0], "student (context=64)": [20.0, 40.0, 80.0]}
+
+
+def test_capacity_run_is_drawn_with_its_budget(fresh_ws):
+    from tests.core.bench.runs import capacity_result
+
+    report = capacity_result()
+    _finished_job(fresh_ws, report)
+    at = open_page("views/throughput.py")
+    assert not at.exception and not at.warning, [w.value for w in at.warning]
+    figs = plotly_figures(at)
+    assert [f["layout"]["title"]["text"] for f in figs] == ["Capacity under a 1GiB memory budget"]
+    table = at.dataframe[0].value
+    found = report["capacity"]["contexts"][0]["models"]
+    assert list(table["model"]) == ["teacher", "student"]
+    assert list(table["largest batch"]) == [found["teacher"]["largest_batch"], found["student"]["largest_batch"]] == [8, 8]
+    assert list(table["decode tok/s"]) == pytest.approx([found[m]["decode_tokens_per_second"] for m in ("teacher", "student")])
 
 
 @pytest.mark.parametrize("report", [{}, {"points": "nothing"}, {"points": [{"model": "teacher"}]}])

@@ -38,6 +38,13 @@ def small_result() -> dict:
     return out
 
 
+def capacity_result() -> dict:
+    """A capacity run of a tiny model under a generous budget, batches 1 to 8 (the search's ceiling)."""
+    config = BenchConfig(prompt_lengths=[24], memory_budget="1GiB", max_batch=8, capacity_steps=2, warmup=False,
+                         linearize={"window_size": 8})
+    return run_benchmark(config, teacher=tiny_model("llama"))
+
+
 def result_with_oom(monkeypatch, error: BaseException, phase: str) -> tuple[dict, RecordingProgress, list[tuple]]:
     """The SMALL sweep where the student raises ``error`` in the ``phase`` of the batch-3 point.
 

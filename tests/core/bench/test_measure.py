@@ -15,9 +15,9 @@ def test_out_of_memory_point_is_recorded_and_sweep_continues(monkeypatch, error,
     out, progress, calls = result_with_oom(monkeypatch, error, phase)
     status = {(p["model"], p["batch_size"], p["prompt_length"]): p["status"] for p in out["points"]}
     assert status == {
-        ("teacher", 1, 16): "ok", ("student", 1, 16): "ok",
-        ("teacher", 3, 16): "ok", ("student", 3, 16): "oom",
-        ("teacher", 1, 40): "ok", ("student", 1, 40): "ok",
+        ("teacher", 1, 16): "ok", ("student", 1, 16): "ok", ("floor", 1, 16): "ok",
+        ("teacher", 3, 16): "ok", ("student", 3, 16): "oom", ("floor", 3, 16): "ok",
+        ("teacher", 1, 40): "ok", ("student", 1, 40): "ok", ("floor", 1, 40): "ok",
     }
     oom = next(p for p in out["points"] if p["status"] == "oom")
     assert type(error).__name__ in oom["error"]
@@ -32,7 +32,8 @@ def test_out_of_memory_point_is_recorded_and_sweep_continues(monkeypatch, error,
 
 def test_teacher_and_student_are_interleaved(monkeypatch):
     teacher = tiny_model("llama")
-    config = BenchConfig(batch_sizes=[2], prompt_lengths=[12, 20], gen_lengths=[4], warmup=False, linearize={"window_size": 8})
+    config = BenchConfig(batch_sizes=[2], prompt_lengths=[12, 20], gen_lengths=[4], warmup=False,
+                         linearize={"window_size": 8}, models=["teacher", "student"])
     student = convert_teacher(teacher, config)
     calls = []
     for name, model in (("teacher", teacher), ("student", student)):
@@ -68,3 +69,21 @@ def test_is_oom():
     assert is_oom(MemoryError())
     assert not is_oom(RuntimeError("expected scalar type Float"))
     assert not is_oom(ValueError("out of memory"))
+
+
+def test_the_student_prefills_in_chunks_and_the_teacher_at_once(monkeypatch):
+    teacher = tiny_model("llama")
+    config = BenchConfig(batch_sizes=[2], prompt_lengths=[20], gen_lengths=[2], warmup=False,
+                         linearize={"window_size": 8}, models=["teacher", "student"], prefill_chunk=8)
+    student = convert_teacher(teacher, config)
+    calls = []
+    for name, model in (("teacher", teacher), ("student", student)):
+        def forward(*args, _name=name, _real=model.forward, **kwargs):
+            calls.append((_name, kwargs["input_ids"].shape[1]))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", forward)
+    out = run_benchmark(config, teacher=teacher, student=student)
+    assert calls[:4] == [("teacher", 20), ("student", 8), ("student", 8), ("student", 4)]
+    assert [p["status"] for p in out["points"]] == ["ok", "ok"]
+    assert out["config"]["prefill_chunk"] == 8

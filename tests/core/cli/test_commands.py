@@ -106,7 +106,7 @@ def test_bench_measures_teacher_and_student_at_the_given_points(cli, converted, 
     assert f"written: {target}" in result.output.replace("\n", "")
     points = json.loads(target.read_text())["points"]
     measured = sorted((p["model"], p["batch_size"], p["prompt_length"], p["gen_length"]) for p in points)
-    assert measured == [(m, b, 16, 3) for m in ("student", "teacher") for b in (1, 2)]
+    assert measured == [(m, b, 16, 3) for m in ("floor", "student", "teacher") for b in (1, 2)]
     assert all(p["status"] == "ok" for p in points), points
 
 

@@ -1,0 +1,101 @@
+"""Prefill in chunks from a carried state: equal to the parallel form over the whole prompt, to the
+naive oracle and to the state a whole prefill leaves (float32, random inputs, padded rows)."""
+
+import pytest
+import torch
+
+from core.attention import HedgehogFeatureMap
+from kernels.hybrid.carry import prefill_chunk
+from kernels.hybrid.chunk_torch import hybrid_attention_torch
+from kernels.hybrid.naive import naive_hybrid_attention
+from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state
+from kernels.hybrid.window import KINDS
+from tests.kernels.utils import assert_close
+
+B, H, HKV, D, FEAT = 3, 4, 2, 16, 8
+
+
+def inputs(L: int, mid_padding: bool):
+    """Random q, k, v, features and a mask: row 0 unpadded, row 1 left-padded by 3, row 2 by 19
+    (its first token comes in a later chunk); with ``mid_padding`` row 1 also skips some tokens."""
+    g = torch.Generator().manual_seed(7)
+    torch.manual_seed(7)
+    fq, fk = HedgehogFeatureMap(H, D, FEAT, init="random"), HedgehogFeatureMap(H, D, FEAT, init="random")
+    key_features = lambda keys: fk(keys.repeat_interleave(H // HKV, dim=1))  # noqa: E731
+    q = torch.randn(B, H, L, D, generator=g)
+    k, v = torch.randn(B, HKV, L, D, generator=g), torch.randn(B, HKV, L, D, generator=g)
+    mix = torch.randn(H, generator=g)
+    mask = torch.ones(B, L, dtype=torch.bool)
+    mask[1, :3] = False
+    mask[2, :19] = False
+    if mid_padding:
+        mask[1, 8::9] = False
+    with torch.no_grad():
+        qf, kf = fq(q), key_features(k)
+    return q, k, v, qf, kf, mix, mask, key_features
+
+
+def chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features):
+    """Outputs of a prefill of the first chunk, then the rest chunk by chunk from the carried state
+    (token by token where the chunk form does not apply); the final state; how many chunks fell back."""
+    scale, n = D**-0.5, chunks[0]
+    ys = [hybrid_attention_torch(q[:, :, :n], k[:, :, :n], v[:, :, :n], qf[:, :, :n], kf[:, :, :n], mix, kind, w, mask[:, :n], scale)]
+    state = prefill_state(kind, w, k[:, :, :n], v[:, :, :n], kf[:, :, :n], mask[:, :n])
+    fallbacks = 0
+    for c in chunks[1:]:
+        part = [t[:, :, n : n + c] for t in (q, k, v, qf, kf)]
+        out = prefill_chunk(state, kind, w, *part, mix, mask[:, n : n + c], key_features, scale)
+        if out is None:
+            fallbacks += 1
+            for i in range(c):
+                y, state = decode_step_torch(state, kind, w, *(t[:, :, i : i + 1] for t in part[:4]), mix,
+                                             mask[:, n + i], key_features, scale)
+                ys.append(y)
+        else:
+            y, state = out
+            ys.append(y)
+        n += c
+    return torch.cat(ys, dim=2), state, fallbacks
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("w, chunks", [(4, [6, 5, 8, 1, 13, 4]), (8, [16, 16, 5])], ids=["w4-uneven", "w8"])
+@pytest.mark.parametrize("mid_padding", [False, True], ids=["left-padded", "mid-padded"])
+@torch.no_grad()
+def test_chunked_prefill_equals_the_parallel_form_the_oracle_and_a_whole_prefill(kind, w, chunks, mid_padding):
+    L = sum(chunks)
+    q, k, v, qf, kf, mix, mask, key_features = inputs(L, mid_padding)
+    y, state, fallbacks = chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features)
+    if not mid_padding:  # left padding never needs the token-by-token fallback
+        assert fallbacks == 0
+    real = mask[:, None, :, None]
+    whole = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, w, mask, D**-0.5)
+    oracle = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, w, mask, D**-0.5)
+    assert_close("chunked vs parallel", torch.where(real, whole, 0.0), torch.where(real, y, 0.0), 1e-5)
+    assert_close("chunked vs naive", torch.where(real, oracle, 0.0), torch.where(real, y, 0.0), 1e-5)
+
+    full = prefill_state(kind, w, k, v, kf, mask)
+    assert state.seen == full.seen == L
+    assert_close("S", full.S, state.S, 1e-5)
+    assert_close("z", full.z, state.z, 1e-5)
+    assert torch.equal(full.first, state.first) and torch.equal(full.win_valid, state.win_valid)
+    valid = full.win_valid
+    assert torch.equal(full.win_pos[valid], state.win_pos[valid])
+    for name in ("win_k", "win_v"):
+        assert torch.equal(getattr(full, name)[valid[:, None].expand(-1, HKV, -1)],
+                           getattr(state, name)[valid[:, None].expand(-1, HKV, -1)]), name
+
+
+@torch.no_grad()
+def test_a_padding_token_at_a_terraced_tile_start_falls_back_to_token_steps():
+    q, k, v, qf, kf, mix, mask, key_features = inputs(24, mid_padding=False)
+    mask[0, 8] = False  # row 0: position 8, a tile start of w = 4, is padding
+    # after 14 tokens (last position 13) the window starts at 4 * (13 // 4 - 1) = 8, so the ring's
+    # first real key is at 9, not a tile start: the next chunk goes token by token
+    y, _, fallbacks = chunked("terraced", 4, [14, 10], q, k, v, qf, kf, mix, mask, key_features)
+    assert fallbacks == 1
+    _, _, fallbacks = chunked("terraced", 4, [10, 14], q, k, v, qf, kf, mix, mask, key_features)
+    assert fallbacks == 0  # after 10 tokens the window starts at 4: aligned
+    whole = hybrid_attention_torch(q, k, v, qf, kf, mix, "terraced", 4, mask, D**-0.5)
+    real = mask[:, None, :, None]
+    assert_close("chunked vs parallel", torch.where(real, whole, 0.0), torch.where(real, y, 0.0), 1e-5)
