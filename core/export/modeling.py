@@ -2,7 +2,7 @@
 
 :func:`modeling_source` writes one self-contained Python file, depending only on torch and
 transformers, from this library's own source: the window rule, the window ring, the chunked and
-recurrent PyTorch forms of hybrid attention, the feature maps, the cache layer, the converted
+recurrent PyTorch forms of hybrid attention, the chunk from a carried state, the feature maps, the cache layer, the converted
 attention layer and the surgery, in that order, with the imports between them removed and the
 few names they import from elsewhere bound to their values. Its last part is
 ``LolcatsForCausalLM``: the base architecture's ``*ForCausalLM`` that converts itself on
@@ -21,6 +21,7 @@ import core.attention.cache
 import core.attention.feature_maps
 import core.attention.layer
 import core.attention.surgery
+import kernels.hybrid.carry
 import kernels.hybrid.chunk_torch
 import kernels.hybrid.recurrent_torch
 import kernels.hybrid.ring
@@ -36,6 +37,7 @@ MODULES: tuple[ModuleType, ...] = (  # in dependency order
     kernels.hybrid.ring,
     kernels.hybrid.chunk_torch,
     kernels.hybrid.recurrent_torch,
+    kernels.hybrid.carry,
     core.attention.feature_maps,
     core.attention.cache,
     core.attention.layer,
@@ -49,7 +51,8 @@ FEATURE_INITS = {FEATURE_INITS!r}
 SUPPORTED_ARCHITECTURES = {SUPPORTED_ARCHITECTURES!r}
 ConfigError = ValueError
 hybrid_attention = hybrid_attention_torch  # the exported model runs the PyTorch forms
-dispatch = SimpleNamespace(prefill_state=prefill_state, decode_step=decode_step_torch)
+dispatch = SimpleNamespace(prefill_state=prefill_state, prefill_chunk=prefill_chunk, decode_step=decode_step_torch)
+compiled = SimpleNamespace(readout=readout)  # the eager decode readout
 '''
 
 MODEL = '''
