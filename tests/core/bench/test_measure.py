@@ -30,11 +30,8 @@ def test_out_of_memory_point_is_recorded_and_sweep_continues(monkeypatch, error,
     assert sum(s[3] == {"oom": 1.0} for s in progress.steps) == 1
 
 
-def test_teacher_and_student_are_interleaved(monkeypatch):
-    teacher = tiny_model("llama")
-    config = BenchConfig(batch_sizes=[2], prompt_lengths=[12, 20], gen_lengths=[4], warmup=False,
-                         linearize={"window_size": 8}, models=["teacher", "student"])
-    student = convert_teacher(teacher, config)
+def record_forward_calls(monkeypatch, teacher, student) -> list[tuple[str, int]]:
+    """``(model name, new tokens)`` of every forward call of ``teacher`` and ``student``, in order."""
     calls = []
     for name, model in (("teacher", teacher), ("student", student)):
         def forward(*args, _name=name, _real=model.forward, **kwargs):
@@ -42,6 +39,15 @@ def test_teacher_and_student_are_interleaved(monkeypatch):
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(model, "forward", forward)
+    return calls
+
+
+def test_teacher_and_student_are_interleaved(monkeypatch):
+    teacher = tiny_model("llama")
+    config = BenchConfig(batch_sizes=[2], prompt_lengths=[12, 20], gen_lengths=[4], warmup=False,
+                         linearize={"window_size": 8}, models=["teacher", "student"])
+    student = convert_teacher(teacher, config)
+    calls = record_forward_calls(monkeypatch, teacher, student)
     run_benchmark(config, teacher=teacher, student=student)
     first, second = calls[:8], calls[8:]
     # point 1: teacher then student prefill, then decode steps alternating (the order flips every step)
@@ -76,13 +82,7 @@ def test_the_student_prefills_in_chunks_and_the_teacher_at_once(monkeypatch):
     config = BenchConfig(batch_sizes=[2], prompt_lengths=[20], gen_lengths=[2], warmup=False,
                          linearize={"window_size": 8}, models=["teacher", "student"], prefill_chunk=8)
     student = convert_teacher(teacher, config)
-    calls = []
-    for name, model in (("teacher", teacher), ("student", student)):
-        def forward(*args, _name=name, _real=model.forward, **kwargs):
-            calls.append((_name, kwargs["input_ids"].shape[1]))
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(model, "forward", forward)
+    calls = record_forward_calls(monkeypatch, teacher, student)
     out = run_benchmark(config, teacher=teacher, student=student)
     assert calls[:4] == [("teacher", 20), ("student", 8), ("student", 8), ("student", 4)]
     assert [p["status"] for p in out["points"]] == ["ok", "ok"]
