@@ -11,7 +11,7 @@ from kernels.hybrid.window import KINDS  # noqa: F401 - re-exported: the one tup
 FEATURE_MAPS = ("hedgehog", "t2r")  # learned feature maps phi (core.attention.feature_maps)
 FEATURE_INITS = ("identity", "random")  # initial feature-map weights
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # HF model_type values of RoPE decoders
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")  # HF model_type values of RoPE decoders
 
 BUNDLED_MODEL = "smollm2-135m-instruct"  # shipped with the package: no download
 TINY_MODEL = "tiny-random-llama"  # a 2-layer random Llama with the bundled tokenizer: seconds-long runs
