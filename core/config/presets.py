@@ -3,7 +3,7 @@
 Plain data (torch-free), so the job system and the UI can list them without loading torch.
 """
 
-from core.config.constants import TINY_MODEL
+from core.config.constants import GEMMA3_MODEL, TINY_MODEL
 
 PRESETS: dict[str, dict] = {
     # The paper's Llama 3 8B recipe (needs a GPU with about 40 GB and the hub).
@@ -22,7 +22,7 @@ PRESETS: dict[str, dict] = {
     # Gemma 3 270M (bundled, offline) on 2 CPU cores: cpu-demo's recipe with fewer LoRA steps,
     # because its 262k-token vocabulary makes every LM-head pass about 5x the cost of SmolLM2's.
     "cpu-demo-gemma3": {
-        "model": {"source": "gemma3-270m"},
+        "model": {"source": GEMMA3_MODEL},
         "data": {"seq_len": 256, "val_examples": 64, "max_examples": 1000},
         "stage1": {"steps": 30, "grad_accum": 2, "eval_every": 10, "eval_blocks": 4},
         "stage2": {"steps": 16, "grad_accum": 2, "lr": 1e-3, "eval_every": 8, "eval_blocks": 4},

