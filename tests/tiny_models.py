@@ -1,7 +1,7 @@
 """Tiny randomly initialised decoders of each supported architecture, and a tiny tokenizer, built in the tests."""
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from core.data import ALPACA_PROMPT_NO_INPUT, ALPACA_PROMPT_WITH_INPUT
 
@@ -24,6 +24,12 @@ CONFIGS = {
     "mistral": lambda: MistralConfig(**COMMON, head_dim=16, sliding_window=None),
     "qwen2": lambda: Qwen2Config(**COMMON),
     "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16),
+    # Gemma 3: q/k norms, scaling query_pre_attn_scalar**-0.5 (not head_dim**-0.5), its own
+    # sliding-window layers (window 24, shorter than the test inputs) with their own RoPE base.
+    "gemma3": lambda: Gemma3TextConfig(
+        **COMMON, head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    ),
 }
 
 
@@ -33,6 +39,11 @@ def tiny_model(arch: str = "llama", seed: int = 0, **overrides):
         setattr(config, key, value)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    if arch == "gemma3":  # its RMS norms start at weight 0 (scale 1 + w): make them matter
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 1 and "norm" in name:
+                    p.normal_(0.0, 0.3)
     return model.float().eval()
 
 

@@ -1,8 +1,9 @@
 """Model surgery: convert a Hugging Face RoPE decoder's softmax attention to LoLCATs attention.
 
 ``linearize(model, AttentionSpec(...))`` replaces ``self_attn`` of every decoder layer not
-listed in ``softmax_layers`` by a :class:`core.attention.layer.LolcatsAttention` that reuses the
-pretrained projections. All pretrained weights are frozen; the new feature maps and mixing
+listed in ``softmax_layers`` (nor, with ``keep_sliding_layers``, one of the model's own
+sliding-window layers, such as Gemma 3's local ones) by a
+:class:`core.attention.layer.LolcatsAttention` that reuses the pretrained projections. All pretrained weights are frozen; the new feature maps and mixing
 factors are the only trainable parameters.
 """
 
@@ -41,6 +42,16 @@ def is_linearized(model: nn.Module) -> bool:
     return getattr(model, "lolcats_config", None) is not None
 
 
+def sliding_layers(text_config, num_layers: int) -> set[int]:
+    """Indices of the layers whose own attention is a sliding window: those ``layer_types`` marks
+    ``sliding_attention`` (Gemma 3, Qwen2), else every layer when the config sets a
+    ``sliding_window`` without layer types (Mistral)."""
+    layer_types = getattr(text_config, "layer_types", None)
+    if layer_types:
+        return {i for i, kind in enumerate(layer_types[:num_layers]) if kind == "sliding_attention"}
+    return set(range(num_layers)) if getattr(text_config, "sliding_window", None) else set()
+
+
 def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     """Convert ``model`` in place and return it (see the module docstring); ``model.lolcats_config`` keeps ``spec``."""
     check_supported(model)
@@ -55,9 +66,17 @@ def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     num_kv_heads = getattr(text_config, "num_key_value_heads", None) or num_heads
     for p in model.parameters():
         p.requires_grad_(False)
+    keep = set(spec.softmax_layers)
+    if getattr(spec, "keep_sliding_layers", False):  # exports written before the field lack it
+        keep |= sliding_layers(text_config, len(layers))
+        if len(keep) == len(layers):
+            raise ConfigError(
+                f"keep_sliding_layers keeps every layer of this model softmax ({len(layers)} sliding-window "
+                "layers, no global one): nothing would be converted; leave it off"
+            )
     padding = PaddingMask()
     for i, layer in enumerate(layers):
-        if i in spec.softmax_layers:
+        if i in keep:
             continue
         layer.self_attn = LolcatsAttention(
             layer.self_attn,

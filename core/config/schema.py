@@ -71,6 +71,7 @@ class AttentionSpec(_Spec):
     feature_dim: int = 64  # hedgehog: f (F = 2f); t2r: F
     window_size: int = 64  # sliding window length / terraced tile length
     softmax_layers: list[int] = []  # layer indices kept as softmax attention (stored sorted)
+    keep_sliding_layers: bool = False  # keep the model's own sliding-window layers (Gemma 3's local ones) softmax
     init_mix: float = 0.1  # initial window weight sigmoid(mix)
     feature_init: str = "identity"  # identity | random
 

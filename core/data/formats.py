@@ -60,6 +60,19 @@ def eos_id(tokenizer) -> int:
     return int(tokenizer.eos_token_id)
 
 
+def leading_bos_id(tokenizer) -> int | None:
+    """The BOS id when the tokenizer itself starts every text with it (Gemma, Llama 3), else None.
+
+    Such models are trained on sequences that begin with BOS and score a block that does not far
+    worse (Gemma 3 270M: held-out perplexity 12.6 without, 2.8 with), so packed blocks of them
+    start with BOS too (:func:`core.data.packing.pack_examples`)."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return None
+    ids = tokenizer("a")["input_ids"]
+    return int(bos) if ids and ids[0] == bos else None
+
+
 def tokenize_instruction(
     tokenizer, instructions: list[str], inputs: list[str], outputs: list[str]
 ) -> list[tuple[np.ndarray, np.ndarray]]:

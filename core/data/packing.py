@@ -1,7 +1,8 @@
 """Token blocks: pack (or pad) tokenised examples into fixed-length blocks, split rows.
 
 Packing concatenates the examples (each ending in EOS) and cuts the stream into ``seq_len``
-blocks, the label mask travelling with the tokens. A :class:`TokenBlocks` holds
+blocks, the label mask travelling with the tokens; for a tokenizer that starts texts with BOS,
+each block is BOS and ``seq_len - 1`` tokens of the stream. A :class:`TokenBlocks` holds
 ``{input_ids, labels, attention_mask}`` tensors of shape ``[num_blocks, seq_len]``.
 """
 
@@ -13,7 +14,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from core.data.formats import IGNORE_INDEX, Rows, eos_id, tokenize_rows
+from core.data.formats import IGNORE_INDEX, Rows, eos_id, leading_bos_id, tokenize_rows
 from core.data.validation import DataError
 
 class TokenBlocks(torch.utils.data.Dataset):
@@ -85,26 +86,34 @@ def supervised_mask(labels: torch.Tensor) -> torch.Tensor:
     return labels[..., 1:] != IGNORE_INDEX
 
 
-def pack_examples(examples: list[tuple[np.ndarray, np.ndarray]], seq_len: int, name: str = "data") -> TokenBlocks:
-    """Concatenate examples (each already ends in EOS) and cut the stream into ``seq_len`` blocks.
+def pack_examples(
+    examples: list[tuple[np.ndarray, np.ndarray]], seq_len: int, name: str = "data", bos_id: int | None = None
+) -> TokenBlocks:
+    """Concatenate examples (each already ends in EOS) and cut the stream into ``seq_len`` blocks;
+    with ``bos_id``, into ``seq_len - 1`` token pieces each led by ``bos_id`` (label -100).
 
     The tail shorter than ``seq_len`` is dropped, and so is any block with no supervised token
     (:func:`supervised_mask`; nothing to learn from), counted in ``dropped``. Raises
     :class:`DataError` when no block is left.
     """
-    if seq_len < 1:
-        raise DataError(f"seq_len must be >= 1, got {seq_len}")
+    lead = 0 if bos_id is None else 1
+    if seq_len < 1 + lead:
+        raise DataError(f"seq_len must be >= {1 + lead}, got {seq_len}")
     total = sum(len(ids) for ids, _ in examples)
-    if total < seq_len:
+    if total < seq_len - lead:
         raise DataError(
             f"{name}: only {total} tokens in {len(examples)} examples, fewer than seq_len={seq_len}, "
             f"so packing makes no block; lower seq_len or add data"
         )
     ids = np.concatenate([i for i, _ in examples])
     labels = np.concatenate([l for _, l in examples])
-    n = total // seq_len
-    ids = torch.from_numpy(ids[: n * seq_len].reshape(n, seq_len))  # [N, L]
-    labels = torch.from_numpy(labels[: n * seq_len].reshape(n, seq_len))  # [N, L]
+    piece = seq_len - lead
+    n = total // piece
+    ids = torch.from_numpy(ids[: n * piece].reshape(n, piece))  # [N, L - lead]
+    labels = torch.from_numpy(labels[: n * piece].reshape(n, piece))
+    if lead:
+        ids = torch.cat([torch.full((n, 1), bos_id, dtype=ids.dtype), ids], dim=1)  # [N, L]
+        labels = torch.cat([torch.full((n, 1), IGNORE_INDEX, dtype=labels.dtype), labels], dim=1)
     keep = supervised_mask(labels).any(dim=1)
     if not keep.any():
         raise DataError(
@@ -150,7 +159,7 @@ def build_blocks(rows: Rows, tokenizer, seq_len: int, pack: bool = True, name: s
         raise DataError(f"{name}: no rows to tokenise; add data or lower val_examples")
     examples = tokenize_rows(rows, tokenizer)
     if pack:
-        return pack_examples(examples, seq_len, name)
+        return pack_examples(examples, seq_len, name, bos_id=leading_bos_id(tokenizer))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id(tokenizer)
     return pad_examples(examples, seq_len, pad_id, name)
 

@@ -14,12 +14,13 @@ import statistics
 from pathlib import Path
 
 from core.config import ConvertConfig
-from core.config.constants import BUNDLED_MODEL, TINY_MODEL
+from core.config.constants import BUNDLED_MODEL, GEMMA3_MODEL, TINY_MODEL
 from core.models.sources import resolve_source
 
 CARD_FILE = "README.md"
 KNOWN_BASES = {  # bundled sources: (what they are, license)
     BUNDLED_MODEL: ("HuggingFaceTB/SmolLM2-135M-Instruct (the bundled Q4_1 GGUF, dequantised)", "apache-2.0"),
+    GEMMA3_MODEL: ("google/gemma-3-270m (the bundled Q4_K_M GGUF, dequantised)", "gemma"),
     TINY_MODEL: ("a 2-layer random Llama for tests (no pretrained weights)", None),
 }
 

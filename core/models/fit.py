@@ -69,7 +69,9 @@ def read_model_config(
     if resolved.kind == "bundled":
         if resolved.name == TINY_MODEL:
             return tiny_model_config()
-        return gguf_source_config(bundled_gguf_path, bundled_model_target(workspace))
+        return gguf_source_config(
+            lambda: bundled_gguf_path(resolved.name, workspace), bundled_model_target(workspace, resolved.name)
+        )
     if resolved.kind == "gguf":
         path = resolved.path
         return gguf_source_config(lambda: path, gguf_cache_dir(path, workspace))

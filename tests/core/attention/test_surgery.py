@@ -42,7 +42,7 @@ def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=
     return model
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("softmax_layers", [(), (1,)], ids=["all", "hybrid"])
 @torch.no_grad()

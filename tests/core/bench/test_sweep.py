@@ -115,7 +115,7 @@ def test_stop_request_is_honoured():
     assert len(progress.steps) == 6  # polled between points: the second point finished
 
 
-@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3", "gemma3"])
 def test_other_architectures(arch):
     config = BenchConfig(batch_sizes=[2], prompt_lengths=[20], gen_lengths=[3], warmup=False, linearize={"window_size": 8})
     out = run_benchmark(config, teacher=tiny_model(arch))

@@ -93,7 +93,7 @@ def test_file_preset_and_a_different_option_are_refused(tmp_path):
     path = write(tmp_path, "preset: cpu-demo\n")
     with pytest.raises(ConfigError, match=r"based on preset 'cpu-demo' but --preset 'tiny-test' was given"):
         load_config(path, "tiny-test")
-    with pytest.raises(ConfigError, match="unknown preset 'nope'; presets: paper-8b, cpu-demo, tiny-test"):
+    with pytest.raises(ConfigError, match="unknown preset 'nope'; presets: paper-8b, cpu-demo, cpu-demo-gemma3, tiny-test"):
         load_config(write(tmp_path, "preset: nope\n"))
     with pytest.raises(ConfigError, match="preset must be a preset name"):
         load_config(write(tmp_path, "preset: [cpu-demo]\n"))

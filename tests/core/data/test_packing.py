@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from core.data import IGNORE_INDEX, DataError, TokenBlocks, pack_examples, pad_examples, split_indices
+from core.data.formats import leading_bos_id
 
 
 # ---------------------------------------------------------------------------- packing
@@ -29,6 +30,31 @@ def test_packing_lengths_and_mask():
     assert blocks.attention_mask.all()
     assert blocks[0]["input_ids"].shape == (6,) and blocks["labels"].shape == (4, 6)
     assert set(blocks.as_dict()) == {"input_ids", "labels", "attention_mask"}
+
+
+def test_packing_leads_each_block_with_bos():
+    """A tokenizer that starts texts with BOS gets blocks of BOS + seq_len - 1 stream tokens."""
+    examples = [_example(5, 2, 10), _example(7, 3, 100), _example(9, 4, 200)]
+    blocks = pack_examples(examples, seq_len=6, bos_id=2)
+    stream_ids = np.concatenate([e[0] for e in examples])
+    stream_labels = np.concatenate([e[1] for e in examples])
+    assert blocks.input_ids.shape == (4, 6)  # 21 // 5 pieces
+    assert blocks.input_ids[:, 0].tolist() == [2] * 4 and blocks.labels[:, 0].tolist() == [IGNORE_INDEX] * 4
+    assert blocks.input_ids[:, 1:].flatten().tolist() == stream_ids[:20].tolist()
+    assert blocks.labels[:, 1:].flatten().tolist() == stream_labels[:20].tolist()
+
+
+class _Tokenizer:
+    def __init__(self, bos_token_id, adds_bos):
+        self.bos_token_id, self.adds_bos = bos_token_id, adds_bos
+
+    def __call__(self, text):
+        return {"input_ids": ([self.bos_token_id] if self.adds_bos else []) + [ord(c) for c in text]}
+
+
+@pytest.mark.parametrize("bos, adds, expected", [(2, True, 2), (1, False, None), (None, False, None)])
+def test_leading_bos_only_when_the_tokenizer_adds_it(bos, adds, expected):
+    assert leading_bos_id(_Tokenizer(bos, adds)) == expected
 
 
 def test_packing_drops_blocks_without_labels():

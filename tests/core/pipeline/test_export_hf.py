@@ -13,8 +13,10 @@ import textwrap
 import pytest
 import torch
 
+from core.config import preset
 from core.export.modeling import MODEL_CLASS, MODELING_FILE, modeling_source
-from core.pipeline.runs import load_converted
+from core.pipeline.convert import run_convert
+from core.pipeline.runs import export, load_converted
 
 IDS = torch.randint(5, 1000, (2, 40), generator=torch.Generator().manual_seed(0))
 NEW_TOKENS = 24
@@ -53,11 +55,8 @@ PLAIN_LOAD = textwrap.dedent('''
 ''' % (NEW_TOKENS, NEW_TOKENS))
 
 
-@pytest.fixture(scope="module")
-def plain(exported, tmp_path_factory):
-    """What the plain-transformers load in a clean subprocess reports and computes."""
-    _, _, out = exported
-    cwd = tmp_path_factory.mktemp("plain")
+def plain_load(out, cwd):
+    """What the plain-transformers load of export ``out`` in a clean subprocess reports and computes."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
     env.update(HF_MODULES_CACHE=str(cwd / "modules"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     (cwd / "load.py").write_text(PLAIN_LOAD)
@@ -65,6 +64,41 @@ def plain(exported, tmp_path_factory):
                             cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1]), torch.load(cwd / "out.pt")
+
+
+@pytest.fixture(scope="module")
+def gemma_exported(export_workspace):
+    """``(run folder, report, export folder)`` of a tiny-test conversion of a tiny random Gemma 3
+    (its own sliding-window and global layers, q/k norms) with the bundled tokenizer."""
+    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
+
+    from core.models import bundled_model_dir
+
+    folder = export_workspace / "tiny-gemma3"
+    tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir(export_workspace))
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    Gemma3ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    run = export_workspace / "runs" / "tiny-gemma3"
+    report = run_convert(preset("tiny-test", model={"source": str(folder)}), run, workspace=export_workspace)
+    return run, report, export(run, export_workspace / "export-gemma3", workspace=export_workspace)
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def exported_any(request):
+    """The tiny-test export of each architecture family the export is checked on."""
+    return request.getfixturevalue("exported" if request.param == "llama" else "gemma_exported")
+
+
+@pytest.fixture(scope="module")
+def plain(exported_any, tmp_path_factory):
+    return plain_load(exported_any[2], tmp_path_factory.mktemp("plain"))
 
 
 def test_config_points_at_the_carried_modeling_code(exported):
@@ -87,6 +121,14 @@ def test_modeling_file_depends_only_on_torch_and_transformers(exported):
     assert roots <= {"__future__", "torch", "transformers", "math", "dataclasses", "typing", "types"}, roots
 
 
+def test_gemma_export_carries_gemma_modeling_code(gemma_exported):
+    _, report, out = gemma_exported
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "gemma3_text" and config["auto_map"]["AutoModelForCausalLM"].endswith(MODEL_CLASS)
+    assert (out / MODELING_FILE).read_text() == modeling_source("Gemma3ForCausalLM")
+    assert report["student_ppl"] > 0 and report["teacher_ppl"] > 0
+
+
 def test_plain_transformers_rebuilds_the_model_with_every_key(plain):
     info, _ = plain
     assert info["missing"] == [] and info["unexpected"] == [] and info["mismatched"] == []
@@ -94,9 +136,9 @@ def test_plain_transformers_rebuilds_the_model_with_every_key(plain):
     assert info["project_modules"] == []
 
 
-def test_plain_transformers_matches_the_project_loader(plain, exported, export_workspace):
+def test_plain_transformers_matches_the_project_loader(plain, exported_any, export_workspace):
     _, got = plain
-    _, _, out = exported
+    _, _, out = exported_any
     model, _, _ = load_converted(out, device="cpu", workspace=export_workspace)
     with torch.no_grad():
         ref = model(input_ids=IDS, use_cache=False).logits
