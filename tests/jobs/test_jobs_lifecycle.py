@@ -71,21 +71,24 @@ def test_out_of_memory_fails_fast_with_the_hint(ws, start_worker):
 
 
 def test_sigkill_of_the_job_process_interrupts_and_resume_continues_from_the_checkpoint(ws, start_worker):
-    config = {"steps": 50, "step_seconds": 0.04, "spawn_grandchild": True}
+    # Paced so that the job is far from done when the kill lands; the resume runs unpaced.
+    config = {"steps": 50, "step_seconds": 0.25, "spawn_grandchild": True}
     job_id = api.submit_job("selftest", config, workspace=ws).id
     start_worker()
-    info = _progress_at_least(ws, job_id, 8)
+    info = _progress_at_least(ws, job_id, 3)
     grandchild = int((run_dir(ws, job_id) / "grandchild.pid").read_text())
+    os.kill(info.pid, signal.SIGSTOP)  # frozen: the checkpoint on disk is the last one it writes
+    killed_at = read_checkpoint(ws, job_id)["step"]
     os.kill(info.pid, signal.SIGKILL)
     info = wait_status(ws, job_id, "interrupted")
     assert f"job process {info.pid} was killed by SIGKILL" in info.status_reason
     wait_for(lambda: not group_alive(info.pgid), 10, what="the rest of the job's process group to be killed")
     assert not pid_alive(grandchild)
     checkpoint = read_checkpoint(ws, job_id)  # valid JSON: the write was atomic
-    killed_at = checkpoint["step"]
-    assert 8 <= killed_at < 50 and checkpoint["state"] == selftest_state(killed_at)
+    assert checkpoint["step"] == killed_at
+    assert 3 <= killed_at < 50 and checkpoint["state"] == selftest_state(killed_at)  # killed mid-run
 
-    assert api.resume_job(job_id, workspace=ws).attempt == 2
+    assert api.resume_job(job_id, {**config, "step_seconds": 0.0}, workspace=ws).attempt == 2
     info = wait_status(ws, job_id, ("succeeded", "failed"), timeout=30)
     assert info.status == "succeeded", info.error
     assert info.result["resumed_from"] == killed_at
@@ -96,7 +99,7 @@ def test_sigkill_of_the_job_process_interrupts_and_resume_continues_from_the_che
 
 
 def test_sigkill_of_the_worker_leaves_no_job_running_or_lost(ws, start_worker):
-    config = {"steps": 60, "step_seconds": 0.04}
+    config = {"steps": 60, "step_seconds": 0.25}  # far from done when the worker dies; resumed unpaced
     a, b = (api.submit_job("selftest", config, workspace=ws).id for _ in range(2))
     c = api.submit_job("selftest", {"steps": 2}, workspace=ws).id
     worker = start_worker("--concurrency", "2")
@@ -122,8 +125,9 @@ def test_sigkill_of_the_worker_leaves_no_job_running_or_lost(ws, start_worker):
     assert not [j for j in states.values() if j.status == "running"]
 
     checkpoints = {job: read_checkpoint(ws, job)["step"] for job in (a, b)}
+    assert all(3 <= step < 60 for step in checkpoints.values()), checkpoints  # both stopped mid-run
     for job in (a, b):
-        api.resume_job(job, workspace=ws)
+        api.resume_job(job, {**config, "step_seconds": 0.0}, workspace=ws)
     assert start_worker("--exit-when-idle", "--concurrency", "2").wait(40) == 0
     for job in (a, b):
         info = api.get_job(job, workspace=ws)
