@@ -4,36 +4,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
-import typer
 from typer.testing import CliRunner
 
-from core.cli import register
-from core.config import preset
 from core.eval.harness import offline_tasks
-from core.pipeline.convert import run_convert
 
 runner = CliRunner()
 LIMIT = 3
-
-
-@pytest.fixture(scope="module")
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    return tmp_path_factory.mktemp("ws")
-
-
-@pytest.fixture(scope="module")
-def tiny_run(workspace):
-    out = workspace / "runs" / "tiny"
-    run_convert(preset("tiny-test"), out, workspace=workspace)
-    return out
 
 
 def test_tasks_print_a_table_and_write_the_report(cli, tiny_run, workspace, tmp_path):

@@ -6,10 +6,8 @@ import json
 
 import pytest
 import torch
-import typer
 from typer.testing import CliRunner
 
-from core.cli import register
 from core.config import preset
 from core.eval.metrics import perplexity, teacher_context
 from core.export.teacher import (
@@ -28,12 +26,6 @@ def workspace(export_workspace):
     return export_workspace
 
 
-def _cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
-
-
 def test_export_names_its_base_model(exported):
     _, _, out = exported
     meta = json.loads((out / EXPORT_CONFIG).read_text())
@@ -42,10 +34,10 @@ def test_export_names_its_base_model(exported):
     assert meta["config"]["model"]["source"] == "tiny-random-llama"
 
 
-def test_eval_of_an_export_reports_the_runs_teacher_perplexity(exported, workspace, tmp_path):
+def test_eval_of_an_export_reports_the_runs_teacher_perplexity(cli, exported, workspace, tmp_path):
     _, report, out = exported
     config = preset("tiny-test")
-    result = runner.invoke(_cli(), ["eval", str(out), "--blocks", str(config.eval.ppl_blocks), "--seq-len",
+    result = runner.invoke(cli, ["eval", str(out), "--blocks", str(config.eval.ppl_blocks), "--seq-len",
                                     str(config.data.seq_len), "--passkey-trials", "0", "-o", str(tmp_path / "e.json"),
                                     "--workspace", str(workspace)])
     assert result.exit_code == 0, result.output
@@ -74,7 +66,7 @@ def _softmax_of_merged_weights(model, blocks) -> float:
         setattr(model, TEACHER_ATTRIBUTE, teacher)
 
 
-def test_missing_base_model_says_the_teacher_is_unavailable(exported, workspace, tmp_path):
+def test_missing_base_model_says_the_teacher_is_unavailable(cli, exported, workspace, tmp_path):
     _, _, out = exported
     moved = tmp_path / "moved"
     moved.mkdir()
@@ -92,7 +84,7 @@ def test_missing_base_model_says_the_teacher_is_unavailable(exported, workspace,
         pass
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # nothing changed
 
-    result = runner.invoke(_cli(), ["eval", str(moved), "--blocks", "2", "--seq-len", "64", "--passkey-trials", "0",
+    result = runner.invoke(cli, ["eval", str(moved), "--blocks", "2", "--seq-len", "64", "--passkey-trials", "0",
                                     "--workspace", str(workspace)])
     assert result.exit_code == 0, result.output
     assert "teacher unavailable" in result.output and "could not be loaded" in " ".join(result.output.split())
@@ -100,7 +92,7 @@ def test_missing_base_model_says_the_teacher_is_unavailable(exported, workspace,
     assert saved["teacher_ppl"] is None and saved["ppl_ratio"] is None and saved["student_ppl"] > 0
     assert "could not be loaded" in saved["teacher_unavailable"]
 
-    chat = runner.invoke(_cli(), ["chat", str(moved), "--max-new-tokens", "2", "--workspace", str(workspace)],
+    chat = runner.invoke(cli, ["chat", str(moved), "--max-new-tokens", "2", "--workspace", str(workspace)],
                          input="hello\n\n")
     assert chat.exit_code == 0, chat.output
     assert "teacher unavailable" in chat.output and "teacher (" not in chat.output and "student (" in chat.output
