@@ -1,4 +1,5 @@
-"""Fixtures of the whole suite: offline hub access, a module's workspace and tiny-test run."""
+"""Fixtures and hooks of the whole suite: offline hub access, a module's workspace and tiny-test run, and
+the skip of `gpu`-marked tests where there is no CUDA device."""
 
 import os
 from pathlib import Path
@@ -23,3 +24,17 @@ def tiny_run(workspace) -> Path:
 
     return convert_tiny(workspace)[0]
 
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need a CUDA device: where torch sees none they are skipped, and the
+    summary (``-ra``) lists them with the reason."""
+    needs_gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not needs_gpu:
+        return
+    import torch  # only when gpu tests were collected: the job and app tests stay torch-free
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in needs_gpu:
+        item.add_marker(skip)
