@@ -14,6 +14,11 @@ from typing import Callable
 from jobs import api
 
 
+WORKER_EXIT_S = 120.0
+"""How long a test waits for a worker process to exit: far above its run on a loaded 2-core machine
+(a runner process per job starts Python and imports the job system), so only a hang reaches it."""
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
     """Poll until ``predicate()`` is truthy; return its value or fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
