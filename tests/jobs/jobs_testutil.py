@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -11,6 +12,11 @@ from pathlib import Path
 from typing import Callable
 
 from jobs import api
+
+
+WORKER_EXIT_S = 120.0
+"""How long a test waits for a worker process to exit: far above its run on a loaded 2-core machine
+(a runner process per job starts Python and imports the job system), so only a hang reaches it."""
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
@@ -87,23 +93,52 @@ def pid_alive(pid: int) -> bool:
 
 
 _LOCK_HOLDER = r"""
-import sqlite3, sys, time
+import sqlite3, sys
 conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
 conn.execute("BEGIN IMMEDIATE")   # the write lock: every other writer must wait
 conn.execute("UPDATE schema_version SET version = version")
 print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.readline()              # held until the test says so
 conn.execute("COMMIT")
 print("released", flush=True)
 """
 
 
-def hold_write_lock(db_path: Path, seconds: float) -> subprocess.Popen:
-    """Another process takes the SQLite write lock for ``seconds``; returns once it holds it."""
-    proc = subprocess.Popen([sys.executable, "-c", _LOCK_HOLDER, str(db_path), str(seconds)],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "locked"
-    return proc
+class WriteLockHolder:
+    """Another process holding the SQLite write lock of ``db_path`` from construction until
+    :meth:`release`: the test decides when the lock ends, so nothing races a fixed sleep."""
+
+    def __init__(self, db_path: Path):
+        self.db_path = db_path
+        self.proc = subprocess.Popen([sys.executable, "-c", _LOCK_HOLDER, str(db_path)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "locked"
+
+    def is_held(self) -> bool:
+        """True when a writer really cannot get the lock now (checked with a connection that does not wait)."""
+        probe = sqlite3.connect(self.db_path, isolation_level=None, timeout=0)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            return "locked" in str(exc)
+        else:
+            probe.execute("ROLLBACK")
+            return False
+        finally:
+            probe.close()
+
+    def release(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("\n")
+            self.proc.stdin.flush()
+            assert self.proc.stdout.readline().strip() == "released"
+        self.proc.wait(10)
+
+    def __enter__(self) -> "WriteLockHolder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def run_dir(ws: Path, job_id: int) -> Path:

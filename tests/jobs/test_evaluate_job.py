@@ -11,6 +11,7 @@ import pytest
 from jobs import api
 from jobs.errors import ConfigError
 from jobs_testutil import run_dir, wait_for, wait_status
+from tests.tiny_runs import convert_tiny
 
 OFFLINE = ["lolcats_gsm8k_answer", "lolcats_kjv_lastword", "lolcats_kjv_next"]
 LIMIT = 5
@@ -20,11 +21,8 @@ CONFIG = {"run": "runs/tiny", "tasks": "offline", "limit": LIMIT}
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
     """A workspace holding a tiny-test run (runs/tiny) and the models it needs, built once."""
-    from core.config import preset
-    from core.pipeline.convert import run_convert
-
     root = tmp_path_factory.mktemp("template")
-    run_convert(preset("tiny-test"), root / "runs" / "tiny", workspace=root)
+    convert_tiny(root)
     return root
 
 

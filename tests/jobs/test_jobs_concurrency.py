@@ -18,7 +18,7 @@ from jobs.db import open_db
 from core.io import atomic_write_json
 from jobs.models import JobEvent
 from jobs.selftest import selftest_state
-from jobs_testutil import hold_write_lock, starts, wait_for, wait_status
+from jobs_testutil import WriteLockHolder, read_checkpoint, starts, wait_for, wait_status
 
 HERE = Path(__file__).resolve().parent
 
@@ -42,20 +42,33 @@ def test_four_workers_racing_over_100_jobs_run_each_exactly_once(ws, start_worke
     assert len({j.worker_id for j in jobs.values()}) >= 2  # the workers really competed
 
 
+def _checkpointed_ahead_of_its_progress(ws, job_id):
+    """The job's step whose checkpoint is on disk while its progress row is not in the database
+    (the job is stuck writing that row), else None."""
+    recorded = api.get_job(job_id, workspace=ws).progress_step or 0
+    on_disk = read_checkpoint(ws, job_id)["step"]
+    return on_disk if on_disk == recorded + 1 else None
+
+
 def test_a_locked_database_during_a_job_is_retried_not_a_crash(ws, start_worker):
     # Connections give up on a lock after 50 ms, so only the retry loop can carry the job through.
     env = {"LOLCATS_DB_BUSY_TIMEOUT": "0.05", "LOLCATS_HEARTBEAT_INTERVAL": "0.2"}
-    job_id = api.submit_job("selftest", {"steps": 40, "step_seconds": 0.03}, workspace=ws).id
+    steps = 100
+    job_id = api.submit_job("selftest", {"steps": steps, "step_seconds": 0.03}, workspace=ws).id
     worker = start_worker(env=env)
     wait_for(lambda: (api.get_job(job_id, workspace=ws).progress_step or 0) >= 3, 20, what="progress")
-    holder = hold_write_lock(ws / "workbench.db", 1.5)
-    progress_while_locked = api.get_job(job_id, workspace=ws).progress_step  # reads still work
-    holder.wait(10)
+    with WriteLockHolder(ws / "workbench.db") as holder:
+        blocked_at = wait_for(lambda: _checkpointed_ahead_of_its_progress(ws, job_id), 20,
+                              what="the job to wait on the lock with a step checkpointed but not recorded")
+        time.sleep(1.0)  # twenty busy timeouts: the job's writes are refused again and again
+        assert holder.is_held()
+        assert api.get_job(job_id, workspace=ws).progress_step == blocked_at - 1  # reads still work...
+        assert read_checkpoint(ws, job_id)["step"] == blocked_at  # ...and the job waited, alive, on the lock
     info = wait_status(ws, job_id, ("succeeded", "failed", "interrupted"), timeout=30)
     assert info.status == "succeeded", (info.error, worker.output())
-    assert progress_while_locked < 40
-    assert [m.step for m in api.job_metrics(job_id, name="loss", workspace=ws)] == list(range(1, 41))
-    assert info.result["state"] == selftest_state(40)
+    assert blocked_at < steps
+    assert [m.step for m in api.job_metrics(job_id, name="loss", workspace=ws)] == list(range(1, steps + 1))
+    assert info.result["state"] == selftest_state(steps)
     assert "Traceback" not in worker.output()
 
 
@@ -83,16 +96,37 @@ while True:
 """
 
 
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def _freeze_mid_write(writer: subprocess.Popen, tmp: Path) -> None:
+    """SIGSTOP ``writer`` at a moment its temporary file exists: frozen between creating the new
+    version and renaming it over the checkpoint."""
+    while True:
+        wait_for(tmp.exists, 20, interval=0.005, what="the writer to start writing a new version")
+        writer.send_signal(signal.SIGSTOP)
+        wait_for(lambda: _stopped(writer.pid), 10, interval=0.005, what="the writer to stop")
+        if tmp.exists():
+            return
+        writer.send_signal(signal.SIGCONT)
+
+
 def test_checkpoint_writes_are_atomic_when_the_writer_is_killed(tmp_path):
     path = tmp_path / "checkpoint.json"
-    atomic_write_json(path, {"step": 0, "blob": []})
-    for delay in (0.3, 0.45, 0.6):
+    for _ in range(3):
+        atomic_write_json(path, {"step": 0, "blob": []})
         writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)])
-        time.sleep(delay)
+        tmp = path.with_name(f".{path.name}.{writer.pid}.tmp")
+        wait_for(lambda: json.loads(path.read_text())["step"] >= 2, 30, what="two versions written by this writer")
+        _freeze_mid_write(writer, tmp)
         writer.send_signal(signal.SIGKILL)
-        writer.wait()
-        data = json.loads(path.read_text())  # always a complete file...
-        assert data["blob"] == [data["step"]] * (200_000 if data["step"] else 0)  # ...of one version
+        assert writer.wait(10) == -signal.SIGKILL
+        assert tmp.exists()  # the kill landed half-way through writing a version...
+        data = json.loads(path.read_text())  # ...yet the checkpoint is a complete file...
+        assert data["blob"] == [data["step"]] * 200_000  # ...of one version
+        assert data["step"] >= 2  # this writer's, not the file it started from
 
 
 def test_a_failed_checkpoint_write_keeps_the_previous_file(tmp_path):

@@ -14,7 +14,7 @@ from jobs import api, store
 from jobs.db import open_db
 from jobs.selftest import selftest_state
 from jobs.worker import Worker, WorkerOptions, _Child
-from jobs_testutil import group_alive, pid_alive, read_checkpoint, run_dir, starts, wait_for, wait_status
+from jobs_testutil import WORKER_EXIT_S, group_alive, pid_alive, read_checkpoint, run_dir, starts, wait_for, wait_status
 
 
 def _progress_at_least(ws, job_id, step):
@@ -29,7 +29,7 @@ def test_job_succeeds_with_metrics_checkpoint_and_report(ws, start_worker):
     job_id = api.submit_job("selftest", {"steps": 4, "layers": 2, "output_path": "exports/report.json"},
                             workspace=ws).id
     worker = start_worker("--exit-when-idle")
-    assert worker.wait(30) == 0, worker.output()
+    assert worker.wait(WORKER_EXIT_S) == 0, worker.output()
     info = api.get_job(job_id, workspace=ws)
     assert info.status == "succeeded", info
     expected = selftest_state(4)
@@ -52,7 +52,7 @@ def test_job_succeeds_with_metrics_checkpoint_and_report(ws, start_worker):
 
 def test_nan_loss_fails_naming_the_step_and_keeps_the_last_good_checkpoint(ws, start_worker):
     job_id = api.submit_job("selftest", {"steps": 6, "nan_at_step": 4}, workspace=ws).id
-    assert start_worker("--exit-when-idle").wait(30) == 0
+    assert start_worker("--exit-when-idle").wait(WORKER_EXIT_S) == 0
     info = api.get_job(job_id, workspace=ws)
     assert info.status == "failed"
     assert "non-finite loss at step 4" in info.error and "RuntimeError" in info.log_tail
@@ -62,7 +62,7 @@ def test_nan_loss_fails_naming_the_step_and_keeps_the_last_good_checkpoint(ws, s
 
 def test_out_of_memory_fails_fast_with_the_hint(ws, start_worker):
     job_id = api.submit_job("selftest", {"steps": 5, "oom_at_step": 2}, workspace=ws).id
-    assert start_worker("--exit-when-idle").wait(30) == 0  # no hang
+    assert start_worker("--exit-when-idle").wait(WORKER_EXIT_S) == 0  # no hang
     info = api.get_job(job_id, workspace=ws)
     assert info.status == "failed"
     assert info.error.startswith("out of memory") and "batch_size" in info.error and "seq_len" in info.error
@@ -71,21 +71,24 @@ def test_out_of_memory_fails_fast_with_the_hint(ws, start_worker):
 
 
 def test_sigkill_of_the_job_process_interrupts_and_resume_continues_from_the_checkpoint(ws, start_worker):
-    config = {"steps": 50, "step_seconds": 0.04, "spawn_grandchild": True}
+    # Paced so that the job is far from done when the kill lands; the resume runs unpaced.
+    config = {"steps": 50, "step_seconds": 0.25, "spawn_grandchild": True}
     job_id = api.submit_job("selftest", config, workspace=ws).id
     start_worker()
-    info = _progress_at_least(ws, job_id, 8)
+    info = _progress_at_least(ws, job_id, 3)
     grandchild = int((run_dir(ws, job_id) / "grandchild.pid").read_text())
+    os.kill(info.pid, signal.SIGSTOP)  # frozen: the checkpoint on disk is the last one it writes
+    killed_at = read_checkpoint(ws, job_id)["step"]
     os.kill(info.pid, signal.SIGKILL)
     info = wait_status(ws, job_id, "interrupted")
     assert f"job process {info.pid} was killed by SIGKILL" in info.status_reason
     wait_for(lambda: not group_alive(info.pgid), 10, what="the rest of the job's process group to be killed")
     assert not pid_alive(grandchild)
     checkpoint = read_checkpoint(ws, job_id)  # valid JSON: the write was atomic
-    killed_at = checkpoint["step"]
-    assert 8 <= killed_at < 50 and checkpoint["state"] == selftest_state(killed_at)
+    assert checkpoint["step"] == killed_at
+    assert 3 <= killed_at < 50 and checkpoint["state"] == selftest_state(killed_at)  # killed mid-run
 
-    assert api.resume_job(job_id, workspace=ws).attempt == 2
+    assert api.resume_job(job_id, {**config, "step_seconds": 0.0}, workspace=ws).attempt == 2
     info = wait_status(ws, job_id, ("succeeded", "failed"), timeout=30)
     assert info.status == "succeeded", info.error
     assert info.result["resumed_from"] == killed_at
@@ -96,7 +99,7 @@ def test_sigkill_of_the_job_process_interrupts_and_resume_continues_from_the_che
 
 
 def test_sigkill_of_the_worker_leaves_no_job_running_or_lost(ws, start_worker):
-    config = {"steps": 60, "step_seconds": 0.04}
+    config = {"steps": 60, "step_seconds": 0.25}  # far from done when the worker dies; resumed unpaced
     a, b = (api.submit_job("selftest", config, workspace=ws).id for _ in range(2))
     c = api.submit_job("selftest", {"steps": 2}, workspace=ws).id
     worker = start_worker("--concurrency", "2")
@@ -115,16 +118,17 @@ def test_sigkill_of_the_worker_leaves_no_job_running_or_lost(ws, start_worker):
     assert api.get_job(b, workspace=ws).status == "running"
     assert api.get_job(c, workspace=ws).status == "queued"
 
-    assert start_worker("--exit-when-idle").wait(30) == 0
+    assert start_worker("--exit-when-idle").wait(WORKER_EXIT_S) == 0
     states = {j.id: j for j in api.list_jobs(workspace=ws)}
     assert states[b].status == "interrupted" and "no longer running" in states[b].status_reason
     assert states[c].status == "succeeded"
     assert not [j for j in states.values() if j.status == "running"]
 
     checkpoints = {job: read_checkpoint(ws, job)["step"] for job in (a, b)}
+    assert all(3 <= step < 60 for step in checkpoints.values()), checkpoints  # both stopped mid-run
     for job in (a, b):
-        api.resume_job(job, workspace=ws)
-    assert start_worker("--exit-when-idle", "--concurrency", "2").wait(40) == 0
+        api.resume_job(job, {**config, "step_seconds": 0.0}, workspace=ws)
+    assert start_worker("--exit-when-idle", "--concurrency", "2").wait(WORKER_EXIT_S) == 0
     for job in (a, b):
         info = api.get_job(job, workspace=ws)
         assert info.status == "succeeded", info.error
@@ -183,7 +187,7 @@ def test_worker_sigterm_interrupts_its_jobs_resumably(ws, start_worker):
     worker = start_worker()
     info = _progress_at_least(ws, job_id, 2)
     worker.kill(signal.SIGTERM)
-    assert worker.wait(15) == 0
+    assert worker.wait(WORKER_EXIT_S) == 0
     info = api.get_job(job_id, workspace=ws)
     assert info.status == "interrupted" and "worker shut down by SIGTERM" in info.status_reason
     assert not pid_alive(info.pid)
@@ -192,7 +196,7 @@ def test_worker_sigterm_interrupts_its_jobs_resumably(ws, start_worker):
 
 def test_once_runs_a_single_batch(ws, start_worker):
     ids = [api.submit_job("selftest", {"steps": 1}, workspace=ws).id for _ in range(3)]
-    assert start_worker("--once", "--concurrency", "2").wait(30) == 0
+    assert start_worker("--once", "--concurrency", "2").wait(WORKER_EXIT_S) == 0
     assert [api.get_job(i, workspace=ws).status for i in ids] == ["succeeded", "succeeded", "queued"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -17,7 +18,7 @@ from jobs.errors import (ConfigError, DatabaseBusyError, InvalidTransition, Resu
 from core.config import config_diff
 from jobs.models import Job, utcnow
 from jobs.worker import Worker, WorkerOptions, make_worker_id
-from jobs_testutil import hold_write_lock
+from jobs_testutil import WriteLockHolder, wait_for
 
 
 def test_fresh_database_is_wal_and_versioned(ws):
@@ -198,36 +199,38 @@ def test_write_waits_for_a_lock_held_by_another_process_with_retries(ws, monkeyp
     monkeypatch.setenv("LOLCATS_DB_BUSY_TIMEOUT", "0.05")  # give up on the lock fast: the retry loop must cope
     open_db(ws)
     before = retry_stats.retries
-    holder = hold_write_lock(ws / "workbench.db", 2.0)
-    started = time.monotonic()
-    info = api.submit_job("selftest", {"steps": 1}, workspace=ws)
-    waited = time.monotonic() - started
-    holder.wait(10)
+    with ThreadPoolExecutor(1) as pool:
+        with WriteLockHolder(ws / "workbench.db") as holder:
+            submitted = pool.submit(api.submit_job, "selftest", {"steps": 1}, workspace=ws)
+            wait_for(lambda: retry_stats.retries >= before + 3, what="the submit to be refused the lock and retry")
+            assert holder.is_held() and not submitted.done()  # really blocked by the other process...
+            assert api.list_jobs(workspace=ws) == []
+        info = submitted.result(timeout=30)  # ...and through by retrying once it let go
     assert info.status == "queued"
-    assert waited > 0.8  # really blocked by the other process...
-    assert retry_stats.retries > before  # ...and got through by retrying
-    assert len(api.list_jobs(workspace=ws)) == 1
+    assert [j.id for j in api.list_jobs(workspace=ws)] == [info.id]
 
 
-def test_reads_never_wait_for_a_writer_even_on_a_fresh_connection(ws):
+def test_reads_never_wait_for_a_writer_even_on_a_fresh_connection(ws, monkeypatch):
     job_id = api.submit_job("selftest", {"steps": 1}, workspace=ws).id
     jobs_db.close_all()  # the next call opens (and checks) the database anew
-    holder = hold_write_lock(ws / "workbench.db", 1.5)
-    started = time.monotonic()
-    assert [j.id for j in api.list_jobs(workspace=ws)] == [job_id]
-    assert api.get_job(job_id, workspace=ws).status == "queued"
-    assert time.monotonic() - started < 1.0  # well before the other process lets go
-    holder.wait(10)
+    monkeypatch.setenv("LOLCATS_DB_BUSY_TIMEOUT", "0.05")  # a read that waited would be refused and retried...
+    monkeypatch.setenv("LOLCATS_DB_RETRY_TIMEOUT", "2")  # ...then fail, instead of passing once the lock ends
+    before = retry_stats.retries
+    with WriteLockHolder(ws / "workbench.db") as holder:
+        assert [j.id for j in api.list_jobs(workspace=ws)] == [job_id]
+        assert api.get_job(job_id, workspace=ws).status == "queued"
+        assert holder.is_held()  # answered while the other process held the write lock
+    assert retry_stats.retries == before  # without waiting for it even once
 
 
 def test_a_lock_longer_than_the_retry_budget_gives_a_clear_error(ws, monkeypatch):
     monkeypatch.setenv("LOLCATS_DB_BUSY_TIMEOUT", "0.05")
     monkeypatch.setenv("LOLCATS_DB_RETRY_TIMEOUT", "0.5")
     open_db(ws)
-    holder = hold_write_lock(ws / "workbench.db", 2.0)
-    with pytest.raises(DatabaseBusyError, match="locked by another process"):
-        api.submit_job("selftest", {"steps": 1}, workspace=ws)
-    holder.wait(10)
+    with WriteLockHolder(ws / "workbench.db") as holder:
+        with pytest.raises(DatabaseBusyError, match="locked by another process"):
+            api.submit_job("selftest", {"steps": 1}, workspace=ws)
+        assert holder.is_held()  # the lock outlasted the budget: the error is not a lucky timing
     assert api.list_jobs(workspace=ws) == []
 
 

@@ -17,6 +17,7 @@ output element a kernel forgets to write shows up as NaN.
 
 import os
 import sys
+from collections import Counter
 
 import pytest
 import torch
@@ -70,3 +71,24 @@ def _nan_filled_empty(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))
+
+
+@pytest.fixture
+def backend_calls(monkeypatch) -> Counter:
+    """Calls of each backend's sequence and decode functions, by function name (a silent fallback
+    to the other backend shows in the counts)."""
+    from kernels import dispatch
+    from kernels.hybrid import recurrent_torch
+
+    chunk_triton, recurrent_triton = dispatch.load_triton()
+    calls: Counter = Counter()
+    for module, name in ((dispatch, "hybrid_attention_torch"), (chunk_triton, "hybrid_attention_triton"),
+                         (recurrent_torch, "decode_step_torch"), (recurrent_triton, "decode_step_triton")):
+        real = getattr(module, name)
+
+        def recorded(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+    return calls

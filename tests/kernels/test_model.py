@@ -3,53 +3,17 @@ window factors, projections) agree with the PyTorch form, with left padding and 
 generation decodes through the Triton decode step and gives the PyTorch form's tokens. Spies
 count the backend calls, so a silent fallback to PyTorch fails."""
 
-from collections import Counter
-
 import pytest
 import torch
 
-import core
 from kernels import dispatch
-from kernels.hybrid import recurrent_torch
 from tests.kernels.conftest import DEVICE
-from tests.kernels.utils import assert_close
-from tests.tiny_models import tiny_model
-
-N_LAYERS = 3  # the tiny model's decoder layers, all converted
-
-
-@pytest.fixture
-def backend_calls(monkeypatch) -> Counter:
-    """Calls of each backend's sequence and decode functions, by function name."""
-    chunk_triton, recurrent_triton = dispatch.load_triton()
-    calls: Counter = Counter()
-    for module, name in ((dispatch, "hybrid_attention_torch"), (chunk_triton, "hybrid_attention_triton"),
-                         (recurrent_torch, "decode_step_torch"), (recurrent_triton, "decode_step_triton")):
-        real = getattr(module, name)
-
-        def recorded(*args, _real=real, _name=name, **kwargs):
-            calls[_name] += 1
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(module, name, recorded)
-    return calls
-
-
-def converted_tiny(kind: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = core.linearize(
-        tiny_model("llama", seed=0),
-        core.AttentionSpec(kind=kind, window_size=8, feature_dim=8, feature_init="random"),
-    ).to(DEVICE)
-    with torch.no_grad():
-        for m in core.lolcats_modules(model).values():
-            m.mix.copy_(torch.randn_like(m.mix))
-    return model
+from tests.kernels.utils import N_LAYERS, assert_close, converted_tiny
 
 
 @pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
 def test_tiny_model_loss_and_gradients(kind, monkeypatch, backend_calls):
-    model = converted_tiny(kind)
+    model = converted_tiny(kind, DEVICE)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, 101, (2, 40), generator=g)
     mask = torch.ones(2, 40, dtype=torch.long)
@@ -77,7 +41,7 @@ def test_tiny_model_loss_and_gradients(kind, monkeypatch, backend_calls):
 @pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
 def test_generate_decodes_through_the_triton_step(kind, monkeypatch, backend_calls):
     """A prompt longer than the window, so the decode steps fold keys into the state."""
-    model = converted_tiny(kind).eval()
+    model = converted_tiny(kind, DEVICE).eval()
     ids = torch.randint(3, 101, (1, 12), generator=torch.Generator().manual_seed(2)).to(DEVICE)
     new = 5
     results = {}

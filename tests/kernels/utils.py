@@ -1,6 +1,12 @@
-"""Shared helpers of the kernel tests: a labelled relative-RMS check and forward + backward runs."""
+"""Shared helpers of the kernel tests: a labelled relative-RMS check, forward + backward runs, and a
+converted tiny decoder."""
 
 import torch
+
+import core
+from tests.tiny_models import tiny_model
+
+N_LAYERS = 3  # the tiny model's decoder layers, all converted by converted_tiny
 
 
 def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, ratio: float, atol: float = 0.0) -> None:
@@ -23,3 +29,17 @@ def forward_backward(fn, tensors, mask, dy, **kwargs):
 
 
 GRAD_NAMES = ("dq", "dk", "dv", "dq_feat", "dk_feat", "dmix")
+
+
+def converted_tiny(kind: str, device: str | torch.device) -> torch.nn.Module:
+    """The tiny random Llama with every layer converted to ``kind`` (window 8, random Hedgehog
+    features, random window mix), the same weights on any ``device``."""
+    torch.manual_seed(0)
+    model = core.linearize(
+        tiny_model("llama", seed=0),
+        core.AttentionSpec(kind=kind, window_size=8, feature_dim=8, feature_init="random"),
+    )
+    with torch.no_grad():
+        for m in core.lolcats_modules(model).values():
+            m.mix.copy_(torch.randn_like(m.mix))
+    return model.to(device)

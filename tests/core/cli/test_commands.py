@@ -6,24 +6,9 @@ import json
 import re
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from core.cli import register
-
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    return tmp_path_factory.mktemp("ws")
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,14 @@ import sys
 
 import pytest
 
-from core.config import preset
 from core.eval.harness import (PAPER_SUITE, TASKS_DIR, check_known, compare, entries, evaluate_tasks, offline_tasks,
                                resolve_tasks, task_manager)
 from core.eval.pairing import paired_difference
 from core.eval.tasks.build import build
 from core.models import tiny_model_dir
-from core.pipeline.convert import run_convert
 from core.config import ConfigError
 from core.progress import RecordingProgress, StopRequested
+from tests.tiny_runs import convert_tiny
 
 LIMIT = 20
 TASKS_LIMIT = 5  # the conversion's own evaluation (eval.tasks_limit)
@@ -26,15 +25,9 @@ OFFLINE = ["lolcats_gsm8k_answer", "lolcats_kjv_lastword", "lolcats_kjv_next"]
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    return tmp_path_factory.mktemp("ws")
-
-
-@pytest.fixture(scope="module")
 def tiny_run(workspace):
-    out = workspace / "runs" / "tiny"
-    run_convert(preset("tiny-test", eval={"tasks": "offline", "tasks_limit": TASKS_LIMIT}), out, workspace=workspace)
-    return out
+    """The tiny-test run of this module evaluates the offline tasks itself as it finishes."""
+    return convert_tiny(workspace, eval={"tasks": "offline", "tasks_limit": TASKS_LIMIT})[0]
 
 
 @pytest.fixture(scope="module")

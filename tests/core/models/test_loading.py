@@ -27,3 +27,9 @@ def test_error_bad_dtype_and_device(tiny_folder):
     if not torch.cuda.is_available():
         with pytest.raises(ModelLoadError, match="no CUDA GPU is visible; use device='cpu'"):
             load_model(str(tiny_folder[0]), device="cuda")
+
+
+@pytest.mark.gpu
+def test_load_folder_on_cuda(tiny_folder):
+    model, _ = load_model(str(tiny_folder[0]), device="cuda")
+    assert {p.device.type for p in model.parameters()} == {"cuda"}

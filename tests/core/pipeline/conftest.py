@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from core.config import preset
-from core.pipeline.convert import run_convert
 from core.pipeline.runs import export
 from core.progress import RecordingProgress
+from tests.tiny_runs import convert_tiny
 
 
 @pytest.fixture(scope="package")
 def workspace(tmp_path_factory):
+    """One workspace for the whole package, so that its modules share one finished run."""
     return tmp_path_factory.mktemp("ws")
 
 
 @pytest.fixture(scope="package")
 def finished_run(workspace):
     """``(run folder, report, progress)`` of an uninterrupted tiny-test run."""
-    out = workspace / "runs" / "tiny"
     progress = RecordingProgress()
-    report = run_convert(preset("tiny-test"), out, progress, workspace=workspace)
+    out, report = convert_tiny(workspace, progress=progress)
     return out, report, progress
 
 
@@ -32,6 +31,5 @@ def export_workspace(tmp_path_factory):
 @pytest.fixture(scope="session")
 def exported(export_workspace):
     """``(run folder, its report, its export folder)`` of a tiny-test conversion."""
-    run = export_workspace / "runs" / "tiny"
-    report = run_convert(preset("tiny-test"), run, workspace=export_workspace)
+    run, report = convert_tiny(export_workspace)
     return run, report, export(run, export_workspace / "export", workspace=export_workspace)

@@ -6,19 +6,15 @@ import json
 
 import pytest
 import torch
-import typer
 from typer.testing import CliRunner
 
-from core.cli import register
 from core.config import preset
 from core.eval.metrics import perplexity, teacher_context
-from core.export.teacher import (
-    TEACHER_ATTRIBUTE,
-    TeacherUnavailableError,
-    teacher_problem,
-)
+from core.export.teacher import TeacherUnavailableError, teacher_problem
 from core.pipeline.convert import eval_text_blocks
+from core.models import load_model
 from core.pipeline.runs import EXPORT_CONFIG, load_converted
+from tests.tiny_runs import last_logits, merged_weights_with_softmax
 
 runner = CliRunner()
 
@@ -26,12 +22,6 @@ runner = CliRunner()
 @pytest.fixture
 def workspace(export_workspace):
     return export_workspace
-
-
-def _cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
 
 
 def test_export_names_its_base_model(exported):
@@ -42,10 +32,10 @@ def test_export_names_its_base_model(exported):
     assert meta["config"]["model"]["source"] == "tiny-random-llama"
 
 
-def test_eval_of_an_export_reports_the_runs_teacher_perplexity(exported, workspace, tmp_path):
+def test_eval_of_an_export_reports_the_runs_teacher_perplexity(cli, exported, workspace, tmp_path):
     _, report, out = exported
     config = preset("tiny-test")
-    result = runner.invoke(_cli(), ["eval", str(out), "--blocks", str(config.eval.ppl_blocks), "--seq-len",
+    result = runner.invoke(cli, ["eval", str(out), "--blocks", str(config.eval.ppl_blocks), "--seq-len",
                                     str(config.data.seq_len), "--passkey-trials", "0", "-o", str(tmp_path / "e.json"),
                                     "--workspace", str(workspace)])
     assert result.exit_code == 0, result.output
@@ -57,24 +47,41 @@ def test_eval_of_an_export_reports_the_runs_teacher_perplexity(exported, workspa
     # the merged weights with softmax attention are another model: the swap is what makes it right
     model, tokenizer, _ = load_converted(out, device="cpu", workspace=workspace)
     blocks = eval_text_blocks(config, tokenizer)
-    merged_teacher = _softmax_of_merged_weights(model, blocks)
+    merged_teacher = merged_weights_with_softmax(model, lambda m: perplexity(m, blocks))
     assert merged_teacher != pytest.approx(report["teacher_ppl"], rel=1e-4)
     with teacher_context(model):
         assert perplexity(model, blocks) == pytest.approx(report["teacher_ppl"], rel=1e-4)
     assert perplexity(model, blocks) == pytest.approx(report["student_ppl"], rel=1e-4)  # the export's own weights back
 
 
-def _softmax_of_merged_weights(model, blocks) -> float:
-    teacher = getattr(model, TEACHER_ATTRIBUTE)
-    delattr(model, TEACHER_ATTRIBUTE)
-    try:
-        with teacher_context(model):
-            return perplexity(model, blocks)
-    finally:
-        setattr(model, TEACHER_ATTRIBUTE, teacher)
+def test_chat_on_an_export_answers_as_its_base_model(cli, exported, workspace, monkeypatch):
+    """``lolcats chat EXPORT``: the teacher answers with the base model (not the merged weights with
+    softmax attention), the student with the export's weights."""
+    import core.eval.metrics as metrics
+
+    _, _, out = exported
+    seen, generate_text = [], metrics.generate_text
+
+    def recording(model, tokenizer, prompt, max_new_tokens):
+        seen.append((prompt, last_logits(model, tokenizer, prompt)))
+        return generate_text(model, tokenizer, prompt, max_new_tokens)
+
+    monkeypatch.setattr(metrics, "generate_text", recording)
+    result = runner.invoke(cli, ["chat", str(out), "--max-new-tokens", "2", "--workspace", str(workspace)],
+                           input="What is two plus two?\n\n")
+    assert result.exit_code == 0, result.output
+    (prompt, teacher), (student_prompt, student) = seen
+    assert student_prompt == prompt
+    base = json.loads((out / EXPORT_CONFIG).read_text())["base_model"]
+    base_model, base_tokenizer = load_model(base["source"], dtype=base["dtype"], device="cpu", workspace=workspace)
+    torch.testing.assert_close(teacher, last_logits(base_model, base_tokenizer, prompt), rtol=1e-5, atol=1e-5)
+    model, tokenizer, _ = load_converted(out, device="cpu", workspace=workspace)
+    torch.testing.assert_close(student, last_logits(model, tokenizer, prompt), rtol=1e-5, atol=1e-5)
+    wrong = merged_weights_with_softmax(model, lambda m: last_logits(m, tokenizer, prompt))
+    assert (wrong - teacher).abs().max() > 1e-3  # the wrong teacher would show
 
 
-def test_missing_base_model_says_the_teacher_is_unavailable(exported, workspace, tmp_path):
+def test_missing_base_model_says_the_teacher_is_unavailable(cli, exported, workspace, tmp_path):
     _, _, out = exported
     moved = tmp_path / "moved"
     moved.mkdir()
@@ -92,7 +99,7 @@ def test_missing_base_model_says_the_teacher_is_unavailable(exported, workspace,
         pass
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # nothing changed
 
-    result = runner.invoke(_cli(), ["eval", str(moved), "--blocks", "2", "--seq-len", "64", "--passkey-trials", "0",
+    result = runner.invoke(cli, ["eval", str(moved), "--blocks", "2", "--seq-len", "64", "--passkey-trials", "0",
                                     "--workspace", str(workspace)])
     assert result.exit_code == 0, result.output
     assert "teacher unavailable" in result.output and "could not be loaded" in " ".join(result.output.split())
@@ -100,7 +107,7 @@ def test_missing_base_model_says_the_teacher_is_unavailable(exported, workspace,
     assert saved["teacher_ppl"] is None and saved["ppl_ratio"] is None and saved["student_ppl"] > 0
     assert "could not be loaded" in saved["teacher_unavailable"]
 
-    chat = runner.invoke(_cli(), ["chat", str(moved), "--max-new-tokens", "2", "--workspace", str(workspace)],
+    chat = runner.invoke(cli, ["chat", str(moved), "--max-new-tokens", "2", "--workspace", str(workspace)],
                          input="hello\n\n")
     assert chat.exit_code == 0, chat.output
     assert "teacher unavailable" in chat.output and "teacher (" not in chat.output and "student (" in chat.output

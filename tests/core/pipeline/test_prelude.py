@@ -9,11 +9,6 @@ from core.config import ConfigError, preset
 from core.pipeline.prelude import save_stage_summary, stage_summary, start_run
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    return tmp_path_factory.mktemp("ws")
-
-
 def test_start_run_leaves_the_run_folder_to_the_main_process(workspace, tmp_path):
     waits = []
     run = start_run(preset("tiny-test"), tmp_path / "run", resume=False, workspace=workspace, main=False,

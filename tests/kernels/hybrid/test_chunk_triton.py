@@ -13,27 +13,8 @@ from kernels.hybrid.naive import naive_hybrid_attention
 from kernels.hybrid.window import KINDS
 from tests.attention_inputs import make_inputs
 from tests.kernels.conftest import DEVICE
-from tests.kernels.utils import GRAD_NAMES, assert_close, forward_backward
-
-
-def check(kind, w, tensors, mask, *, ratio, grad_ratio, against_torch=True, atol=1e-6, **kernel_kwargs):
-    """Output and all six gradients vs the float64 naive reference (real queries) and vs chunk_torch."""
-    torch.manual_seed(0)
-    q = tensors[0]
-    dy = torch.randn(q.shape, dtype=torch.float32) * mask.cpu()[:, None, :, None]
-    y, grads = forward_backward(hybrid_attention_triton, tensors, mask, dy.to(q.device), kind=kind, window_size=w, **kernel_kwargs)
-    assert y.dtype == q.dtype and y.device == q.device
-    cpu64 = [t.detach().cpu().double() for t in tensors]
-    y_ref, g_ref = forward_backward(naive_hybrid_attention, cpu64, mask.cpu(), dy.double(), kind=kind, window_size=w)
-    m = mask.cpu().bool()[:, None, :, None]
-    assert_close("o", torch.where(m, y_ref, 0.0), torch.where(m, y.cpu().double(), 0.0), ratio)
-    for name, ref, got in zip(GRAD_NAMES, g_ref, grads):
-        assert_close(name, ref, got, grad_ratio, atol)
-    if against_torch:
-        y_t, g_t = forward_backward(hybrid_attention_torch, tensors, mask, dy.to(q.device), kind=kind, window_size=w)
-        assert_close("o vs chunk_torch", y_t, y, ratio)
-        for name, ref, got in zip(GRAD_NAMES, g_t, grads):
-            assert_close(f"{name} vs chunk_torch", ref, got, grad_ratio, atol)
+from tests.kernels.hybrid.prefill import check_chunk_triton
+from tests.kernels.utils import assert_close
 
 
 @pytest.mark.parametrize("L", [1, 63, 100], ids=lambda L: f"T{L}")
@@ -41,14 +22,14 @@ def check(kind, w, tensors, mask, *, ratio, grad_ratio, against_torch=True, atol
 def test_chunk(kind, L):
     """GQA (4 query heads over 2 KV heads), left padding of 0 / 7 / 40 tokens, window 16, fp32."""
     tensors = make_inputs(3, 4, 2, L, 16, 8, pads=(0, min(7, L - 1), min(40, L - 1)), device=DEVICE)
-    check(kind, 16, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5)
+    check_chunk_triton(kind, 16, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
 def test_default_window_and_blocks(kind):
     """w = 64 with the default 64-row blocks: two tiles of history at L = 200; T2R features (may be 0)."""
     tensors = make_inputs(1, 2, 1, 200, 16, 16, feature_map="t2r", pads=(5,), seed=1, device=DEVICE)
-    check(kind, 64, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5, against_torch=False)
+    check_chunk_triton(kind, 64, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5, against_torch=False)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -58,14 +39,14 @@ def test_small_blocks_odd_window_inner_padding(kind):
     mask = torch.ones(2, 63, dtype=torch.long, device=DEVICE)
     mask[0, 20:26] = 0
     mask[1, 50:] = 0
-    check(kind, 5, tensors[:6], mask, ratio=1e-5, grad_ratio=1e-5, against_torch=False, block_t=32, block_s=16)
+    check_chunk_triton(kind, 5, tensors[:6], mask, ratio=1e-5, grad_ratio=1e-5, against_torch=False, block_t=32, block_s=16)
 
 
 @pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
 def test_head_dim_64_features_128(kind):
     """The recipe's per-head sizes: d = 64, Hedgehog f = 64 (F = 128), G = 3."""
     tensors = make_inputs(1, 3, 1, 40, 64, 64, pads=(3,), seed=5, device=DEVICE)
-    check(kind, 16, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5, against_torch=False)
+    check_chunk_triton(kind, 16, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5, against_torch=False)
 
 
 def test_head_dim_128_forward():
@@ -90,7 +71,7 @@ def test_half_precision(dtype, feat_dtype, ratio, grad_ratio, kind):
     """Half inputs, float32 accumulation, P and dP rounded to the input dtype for the tensor-core
     products: loose tolerance against the float64 oracle on the same (rounded) inputs."""
     tensors = make_inputs(2, 4, 2, 100, 16, 8, pads=(0, 9), dtype=dtype, feat_dtype=feat_dtype, device=DEVICE)
-    check(kind, 16, tensors[:6], tensors[6], ratio=ratio, grad_ratio=grad_ratio, against_torch=False, atol=1e-4)
+    check_chunk_triton(kind, 16, tensors[:6], tensors[6], ratio=ratio, grad_ratio=grad_ratio, against_torch=False, atol=1e-4)
 
 
 def test_strided_inputs_without_mask():
