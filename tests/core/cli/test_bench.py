@@ -5,19 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from core.cli import register
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
 
 
 def test_capacity_run_writes_the_largest_batch_of_each_model(cli, tmp_path):
