@@ -3,8 +3,10 @@
 ``linearize(model, AttentionSpec(...))`` replaces ``self_attn`` of every decoder layer not
 listed in ``softmax_layers`` (nor, with ``keep_sliding_layers``, one of the model's own
 sliding-window layers, such as Gemma 3's local ones) by a
-:class:`core.attention.layer.LolcatsAttention` that reuses the pretrained projections. All pretrained weights are frozen; the new feature maps and mixing
-factors are the only trainable parameters.
+:class:`core.attention.layer.LolcatsAttention` that reuses the pretrained projections. All
+pretrained weights are frozen; the new feature maps and mixing factors are the only trainable
+parameters. ``softmax_layers="auto"`` converts every layer here; the pipeline later gives the
+chosen ones their softmax attention back with :func:`restore_softmax`.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     if is_linearized(model):
         raise ConfigError("model is already linearized; load a fresh base model to convert it again")
     layers = decoder_layers(model)
-    bad = [i for i in spec.softmax_layers if not 0 <= i < len(layers)]
+    listed = [] if spec.softmax_layers == "auto" else list(spec.softmax_layers)
+    bad = [i for i in listed if not 0 <= i < len(layers)]
     if bad:
         raise ConfigError(f"softmax_layers {bad} out of range: the model has {len(layers)} layers (0..{len(layers) - 1})")
     text_config = model.config.get_text_config(decoder=True)
@@ -66,7 +69,7 @@ def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     num_kv_heads = getattr(text_config, "num_key_value_heads", None) or num_heads
     for p in model.parameters():
         p.requires_grad_(False)
-    keep = set(spec.softmax_layers)
+    keep = set(listed)
     if getattr(spec, "keep_sliding_layers", False):  # exports written before the field lack it
         keep |= sliding_layers(text_config, len(layers))
         if len(keep) == len(layers):
@@ -75,9 +78,11 @@ def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
                 "layers, no global one): nothing would be converted; leave it off"
             )
     padding = PaddingMask()
+    originals = {}
     for i, layer in enumerate(layers):
         if i in keep:
             continue
+        originals[i] = layer.self_attn
         layer.self_attn = LolcatsAttention(
             layer.self_attn,
             kind=spec.kind,
@@ -93,13 +98,36 @@ def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     decoder.register_forward_pre_hook(padding.hook, with_kwargs=True)
     decoder.register_forward_hook(padding.clear, with_kwargs=True)
+    model.lolcats_originals = originals  # a plain dict, not submodules: the state dict is unchanged
     model.lolcats_config = spec
     return model
+
+
+def restore_softmax(model: nn.Module, layers: list[int]) -> None:
+    """Give converted ``layers`` back the softmax attention module they replaced (same weights,
+    their feature maps dropped) and record them in ``model.lolcats_config.softmax_layers``, which
+    then lists the layers kept softmax explicitly (``"auto"`` resolved)."""
+    converted = lolcats_modules(model)
+    missing = sorted(set(layers) - set(converted))
+    if missing:
+        raise ConfigError(f"layers {missing} are not converted layers of this model; converted: {sorted(converted)}")
+    decoder = decoder_layers(model)
+    for i in layers:
+        decoder[i].self_attn = model.lolcats_originals.pop(i)
+    spec = model.lolcats_config
+    listed = [] if spec.softmax_layers == "auto" else list(spec.softmax_layers)
+    model.lolcats_config = spec.model_copy(update={"softmax_layers": sorted({*listed, *layers}), "softmax_budget": None})
 
 
 def lolcats_modules(model: nn.Module) -> dict[int, LolcatsAttention]:
     """Converted attention modules by layer index."""
     return {i: layer.self_attn for i, layer in enumerate(decoder_layers(model)) if isinstance(layer.self_attn, LolcatsAttention)}
+
+
+def softmax_layer_indices(model: nn.Module) -> list[int]:
+    """Indices of the decoder layers that compute softmax attention (not converted, or restored)."""
+    converted = lolcats_modules(model)
+    return [i for i in range(len(decoder_layers(model))) if i not in converted]
 
 
 def set_mode(model: nn.Module, mode: str) -> None:

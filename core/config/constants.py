@@ -10,6 +10,7 @@ from kernels.hybrid.window import KINDS  # noqa: F401 - re-exported: the one tup
 
 FEATURE_MAPS = ("hedgehog", "t2r")  # learned feature maps phi (core.attention.feature_maps)
 FEATURE_INITS = ("identity", "random")  # initial feature-map weights
+SOFTMAX_SCORES = ("kl", "mse")  # how softmax_layers "auto" ranks layers (core.eval.layer_scores)
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")  # HF model_type values of RoPE decoders
 

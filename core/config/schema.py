@@ -14,7 +14,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from core.config.constants import BUNDLED_MODEL, DTYPES, FEATURE_INITS, FEATURE_MAPS, KINDS
+from core.config.constants import BUNDLED_MODEL, DTYPES, FEATURE_INITS, FEATURE_MAPS, KINDS, SOFTMAX_SCORES
 
 
 class ConfigError(ValueError):
@@ -70,7 +70,11 @@ class AttentionSpec(_Spec):
     feature_map: str = "hedgehog"  # hedgehog | t2r
     feature_dim: int = 64  # hedgehog: f (F = 2f); t2r: F
     window_size: int = 64  # sliding window length / terraced tile length
-    softmax_layers: list[int] = []  # layer indices kept as softmax attention (stored sorted)
+    # layer indices kept as softmax attention (stored sorted), or "auto": after attention transfer the
+    # softmax_budget layers whose linearization costs most by softmax_score stay softmax
+    softmax_layers: list[int] | Literal["auto"] = []
+    softmax_budget: int | None = Field(None, ge=0)  # with softmax_layers "auto": how many layers stay softmax
+    softmax_score: Literal[SOFTMAX_SCORES] = "kl"  # with "auto": kl (next-token KL) | mse (normalised output MSE)
     keep_sliding_layers: bool = False  # keep the model's own sliding-window layers (Gemma 3's local ones) softmax
     init_mix: float = 0.1  # initial window weight sigmoid(mix)
     feature_init: str = "identity"  # identity | random
@@ -99,11 +103,23 @@ class AttentionSpec(_Spec):
 
     @field_validator("softmax_layers")
     @classmethod
-    def _distinct_sorted(cls, layers: list[int]) -> list[int]:
+    def _distinct_sorted(cls, layers: list[int] | str) -> list[int] | str:
+        if layers == "auto":
+            return layers
         duplicated = sorted({i for i in layers if layers.count(i) > 1})
         if duplicated:
             raise ValueError(f"softmax_layers lists layer(s) {duplicated} more than once: {layers}")
         return sorted(layers)
+
+    @model_validator(mode="after")
+    def _budget_with_auto(self):
+        auto = self.softmax_layers == "auto"
+        if auto and self.softmax_budget is None:
+            raise ValueError("softmax_layers 'auto' needs softmax_budget, the number of layers kept softmax")
+        if not auto and self.softmax_budget is not None:
+            raise ValueError(f"softmax_budget is read only with softmax_layers 'auto' (got softmax_layers "
+                             f"{self.softmax_layers}); set softmax_layers=auto or drop softmax_budget")
+        return self
 
 
 class Stage1Spec(_Spec):

@@ -44,7 +44,8 @@ class _ModelFields(Protocol):
 
 
 class _AttentionFields(Protocol):
-    softmax_layers: list[int]
+    softmax_layers: list[int] | str
+    softmax_budget: int | None
 
 
 class _DataFields(Protocol):
@@ -83,7 +84,8 @@ def read_model_config(
 def check_model_fit(cfg: FitConfig, workspace: str | os.PathLike | None = None) -> None:
     """Raise :class:`ModelFitError` (one line) if ``cfg`` cannot run on its model: a model source
     that does not exist or is not a model, an unsupported architecture (or remote code not
-    trusted), ``attention.softmax_layers`` outside the model's layers, or ``data.seq_len`` above
+    trusted), ``attention.softmax_layers`` outside the model's layers, an ``attention.softmax_budget``
+    that keeps every layer softmax, or ``data.seq_len`` above
     its maximum positions. A hub model not in the local cache passes (it is checked when loaded).
     """
     source = cfg.model.source
@@ -95,7 +97,13 @@ def check_model_fit(cfg: FitConfig, workspace: str | os.PathLike | None = None) 
     except ModelLoadError as exc:
         raise ModelFitError(f"model.source: {exc}", "model.source") from None
     layers = num_layers(config)
-    outside = [i for i in cfg.attention.softmax_layers if layers is not None and not 0 <= i < layers]
+    auto = cfg.attention.softmax_layers == "auto"
+    outside = [i for i in ([] if auto else cfg.attention.softmax_layers) if layers is not None and not 0 <= i < layers]
+    if auto and layers is not None and cfg.attention.softmax_budget >= layers:
+        raise ModelFitError(
+            f"attention.softmax_budget {cfg.attention.softmax_budget} would keep every layer of model {source!r} "
+            f"softmax ({layers} layers); use at most {layers - 1}", "attention.softmax_budget"
+        )
     if outside:
         raise ModelFitError(
             f"attention.softmax_layers {outside} out of range: model {source!r} has {layers} layers; "

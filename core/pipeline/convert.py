@@ -6,8 +6,12 @@ Run folder layout (all under ``output``)::
     teacher.json      teacher perplexity, measured once before conversion
     stage1/{last,best}/, stage2/{last,best}/   checkpoints (safetensors + JSON)
     stage1/summary.json, stage2/summary.json   a finished stage's training summary
+    softmax_choice.json  with ``attention.softmax_layers: auto``: the layers chosen after stage 1
+                      and every layer's score (core.pipeline.softmax_choice)
     report.json       teacher_ppl, student_ppl, ppl_ratio, per_layer_mse, passkey, samples, timings,
-                      and ``tasks`` (the task-accuracy result of core.eval.harness) when ``eval.tasks`` is set
+                      softmax_layers (every layer left softmax), ``layer_score`` and ``layer_scores``
+                      with ``softmax_layers: auto``, and ``tasks`` (the task-accuracy result of
+                      core.eval.harness) when ``eval.tasks`` is set
     tasks/<task>.json  a finished task's teacher/student entries (a resumed run skips it)
 
 A killed or stopped run resumes with ``resume=True``: finished stages are loaded from their best
@@ -25,16 +29,18 @@ from typing import Callable
 import torch
 from torch import nn
 
-from core.attention.surgery import linearize
+from core.attention.surgery import linearize, softmax_layer_indices
 from core.config import ConvertConfig, EvalSpec
 from core.data import load_blocks, load_rows, read_options
 from core.eval.harness import check_known, evaluate_model, resolve_tasks, task_manager
 from core.eval.metrics import passkey, per_layer_mse, perplexity, samples, teacher_context
 from core.io import atomic_write_json
 from core.pipeline.prelude import save_stage_summary, stage_finished, stage_summary, start_run
+from core.pipeline.softmax_choice import check_budget, choose_softmax_layers
 from core.progress import NullProgress, ProgressCallback
 from core.train.distill_attention import train_stage1
 from core.train.finetune_lora import train_stage2, wrap_for_stage2
+from core.train.lora import base_model
 from core.train.loop import load_best
 
 REPORT_FILE = "report.json"
@@ -78,12 +84,17 @@ def run_convert(
     progress.on_log(f"teacher held-out perplexity {teacher_ppl:.3f}")
 
     linearize(model, config.attention)
+    check_budget(model, config.attention)
     result: dict = {}
     if config.stage1.enabled:
         t = time.perf_counter()
         result["stage1"] = _train_or_load(model, output, "stage1", config.stage1.steps, lambda: train_stage1(
             model, config.stage1, train, val, output, progress, config.seed, dumped))
         timings["stage1_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    choice = choose_softmax_layers(model, config, val, output, progress)
+    if choice is not None:
+        timings["softmax_choice_s"] = time.perf_counter() - t
     if config.stage2.enabled:
         t = time.perf_counter()
         model = wrap_for_stage2(model, config.stage2)
@@ -100,7 +111,10 @@ def run_convert(
                                          progress=progress, cache_dir=output / TASKS_DIR)
         timings["tasks_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
-    report.update({"timings": timings, "training": result, "data": run.data_info, "config": dumped})
+    report.update({"softmax_layers": softmax_layer_indices(base_model(model)), "timings": timings, "training": result,
+                   "data": run.data_info, "config": dumped})
+    if choice is not None:
+        report.update({"layer_score": choice["score"], "layer_scores": choice["layer_scores"]})
     atomic_write_json(output / REPORT_FILE, report)
     progress.on_log(f"student perplexity {report['student_ppl']:.3f} (teacher {teacher_ppl:.3f}); report in {output}")
     return report

@@ -184,6 +184,7 @@ def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str 
 
     Returns ``{"blocks": {...}, "ranks": {rank: [block, ...]}}`` on rank 0 (its own share elsewhere)."""
     from core.attention.surgery import linearize
+    from core.pipeline.softmax_choice import check_budget
     from core.train.distill_attention import gather_blocks, train_stage1_blockwise, trainable_blocks
 
     spec = config.stage1
@@ -200,6 +201,7 @@ def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str 
         run = start_run(config, output, resume=True, workspace=workspace, device=group.device, progress=progress,
                         main=group.main, barrier=group.barrier)
         model, train, val = linearize(run.model, config.attention), run.train, run.val
+        check_budget(model, config.attention)
         blocks = sorted(trainable_blocks(model, spec.layers_per_block))
         shares = {r: blocks[r :: group.world_size] for r in range(group.world_size)}
         if stage_finished(output, "stage1", spec.steps):
@@ -235,6 +237,7 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
     from accelerate import Accelerator
 
     from core.attention.surgery import linearize
+    from core.pipeline.softmax_choice import apply_saved_choice, choose_softmax_layers
     from core.train.finetune_lora import train_stage2, wrap_for_stage2
     from core.train.loop import load_best
     from core.train.parallel import ONE_PROCESS, DataParallel, ShardedDataParallel, held_fraction
@@ -264,6 +267,11 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
                 raise ConfigError(f"stage 1 is not finished in {output}; run `python -m core.pipeline.distributed stage1` (or "
                                   "`lolcats convert`) on this run folder first")
             load_best(model, output, "stage1")
+        if main:  # softmax_layers "auto": the main process chooses (or reads its choice), then the others read it
+            choose_softmax_layers(model, config, val, output, progress)
+        accelerator.wait_for_everyone()
+        if not main:
+            apply_saved_choice(model, config, output)
         torch.manual_seed(config.seed)  # the same LoRA initialisation on every process
         model = wrap_for_stage2(model, spec)
         if stage_finished(output, "stage2", spec.steps):

@@ -1,7 +1,7 @@
 """Loading converted models back: from a run folder or from an exported standalone folder.
 
 * Run folder (written by :func:`core.pipeline.convert.run_convert`): base model -> convert -> stage-1 best
-  tensors -> LoRA wrap -> stage-2 best tensors.
+  tensors -> the layers ``softmax_layers: auto`` chose back to softmax -> LoRA wrap -> stage-2 best tensors.
 * Export (:func:`export`): LoRA merged into the base weights, saved with ``save_pretrained``
   (feature maps and mixing factors included in the safetensors) plus ``lolcats.json`` holding
   the conversion config and the base model. Loading rebuilds the architecture and reads every
@@ -27,6 +27,7 @@ from core.export.card import CARD_FILE, model_card
 from core.export.modeling import MODEL_CLASS, MODELING_FILE, auto_map, modeling_source
 from core.models import resolve_device
 from core.pipeline.prelude import load_teacher
+from core.pipeline.softmax_choice import apply_saved_choice
 from core.train.finetune_lora import wrap_for_stage2
 from core.train.loop import load_best
 
@@ -48,6 +49,7 @@ def load_converted(path: str | os.PathLike, device: str = "auto", workspace=None
     linearize(model, config.attention)
     if (path / "stage1" / "best").exists():
         load_best(model, path, "stage1")
+    apply_saved_choice(model, config, path)
     if (path / "stage2" / "best").exists():
         model = wrap_for_stage2(model, config.stage2)
         load_best(model, path, "stage2")
