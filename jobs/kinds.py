@@ -295,3 +295,20 @@ register_kind(JobKind(
     check=check_evaluate,
     description="Task accuracy of a converted model and its teacher through lm-evaluation-harness (report.json).",
 ))
+
+
+def run_budgets_job(config, run_dir: Path, progress) -> dict:
+    """The ``budgets`` kind: the softmax-budget trade-off (budgets.json, budgets.md, budgets.html); a
+    resumed job continues run by run."""
+    from core.pipeline.budgets import run_budget_sweep  # torch loads here, in the job process only
+
+    return run_budget_sweep(config, run_dir, progress, resume=True, workspace=Path.cwd())
+
+
+register_kind(JobKind(
+    name="budgets",
+    config_model="core.pipeline.budget_spec:BudgetSweepConfig",
+    run=run_budgets_job,
+    check="core.pipeline.budget_spec:check_sweep_fit",
+    description="Quality vs decode cost with 0, 1, 2, ... layers kept softmax, from one attention transfer.",
+))

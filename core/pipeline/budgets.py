@@ -1,0 +1,163 @@
+"""The softmax-budget trade-off: the same recipe with K = 0, 1, 2, ... layers kept softmax, quality against cost.
+
+One attention transfer serves every budget. The first budget's run (``budget-<K0>/``) trains stage 1
+with every layer converted and scores the layers (``softmax_layers: auto``,
+:mod:`core.pipeline.softmax_choice`); every other budget's run folder starts with a copy of its
+``stage1/`` checkpoints and ``teacher.json`` and a ``softmax_choice.json`` holding the same scores
+with its own K worst layers, so it only runs stage 2 and the evaluation. Each row then has:
+
+* quality: held-out perplexity, its ratio to the teacher's, and the validation perplexity
+  (and the report's task accuracy when ``eval.tasks`` is set);
+* cost: the decode step time (median of ``decode_steps``, batch 1) and the bytes of the cache or
+  state after ``context`` tokens, measured on the base model converted with the same layers kept
+  softmax (speed does not depend on the trained values), from a synthetic cache of that length
+  (:func:`core.bench.capacity.measure_batch`); the teacher is measured the same way for reference.
+
+Writes ``budgets.json`` (the result), ``budgets.md`` (the table) and ``budgets.html`` (the plot) in
+the output folder; a stopped sweep resumes run by run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from core.attention.surgery import linearize, set_mode
+from core.bench.capacity import measure_batch
+from core.bench.memory import peak_tracker, weight_bytes
+from core.config import ConvertConfig
+from core.eval.layer_scores import worst_layers
+from core.io import atomic_write_json
+from core.pipeline.convert import REPORT_FILE, run_convert
+from core.pipeline.budget_spec import BudgetSweepConfig, budget_config
+from core.pipeline.prelude import load_teacher
+from core.pipeline.softmax_choice import CHOICE_FILE, saved_choice
+from core.progress import NullProgress, ProgressCallback
+
+RESULT_FILE = "budgets.json"
+
+
+def _seed_from(first: Path, run: Path, budget: int) -> None:
+    """Start ``run`` from ``first``'s stage 1, teacher perplexity and layer scores."""
+    if (run / CHOICE_FILE).is_file():
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    if (first / "stage1").is_dir() and not (run / "stage1").exists():
+        shutil.copytree(first / "stage1", run / "stage1", ignore=shutil.ignore_patterns("cache"))
+    shutil.copy2(first / "teacher.json", run / "teacher.json")
+    choice = saved_choice(first)
+    scores = {i: s for i, s in enumerate(choice["layer_scores"]) if s is not None}
+    atomic_write_json(run / CHOICE_FILE, {**choice, "budget": budget, "softmax_layers": worst_layers(scores, budget)})
+
+
+@torch.no_grad()
+def decode_cost(teacher: nn.Module, base: ConvertConfig, softmax_layers: list[int] | None, context: int,
+                steps: int) -> dict:
+    """Decode step time and cache bytes at ``context`` tokens, batch 1: ``teacher`` itself when
+    ``softmax_layers`` is None, else a copy converted as ``base.attention`` with those layers kept softmax."""
+    model = teacher
+    if softmax_layers is not None:
+        model = copy.deepcopy(teacher)
+        spec = base.attention.model_copy(update={"softmax_layers": softmax_layers, "softmax_budget": None})
+        linearize(model, spec)
+        set_mode(model, "student")
+    device = next(model.parameters()).device
+    tracker = peak_tracker(device)
+    try:
+        trial = measure_batch(model.eval(), 1, context, steps, tracker, weight_bytes(model), seed=0)
+    finally:
+        tracker.close()
+    if trial["status"] != "ok":
+        return {"decode_ms_per_step": None, "cache_bytes": None, "error": trial.get("error")}
+    return {"decode_ms_per_step": 1000 * trial["time_per_output_token_s"], "cache_bytes": trial["cache_bytes"]}
+
+
+def run_budget_sweep(config: BudgetSweepConfig, output: str | Path, progress: ProgressCallback | None = None,
+                     resume: bool = False, workspace=None) -> dict:
+    """Run every budget (see the module docstring); returns and writes the result."""
+    progress = progress or NullProgress()
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    first = output / f"budget-{config.budgets[0]}"
+    reports = {}
+    for k in config.budgets:
+        run = output / f"budget-{k}"
+        progress.on_log(f"softmax budget {k}: {run}")
+        if k != config.budgets[0]:
+            _seed_from(first, run, k)
+        reports[k] = run_convert(budget_config(config.base, k), run, progress, resume=resume, workspace=workspace)
+    progress.on_log(f"decode cost at {config.context} tokens of context, batch 1")
+    teacher, _ = load_teacher(config.base, workspace)
+    reference = decode_cost(teacher, config.base, None, config.context, config.decode_steps)
+    rows = []
+    for k, report in reports.items():
+        rows.append({"budget": k, "softmax_layers": report["softmax_layers"], "student_ppl": report["student_ppl"],
+                     "ppl_ratio": report["ppl_ratio"], "val_ppl": report["val_ppl"],
+                     **({"tasks": report["tasks"]} if "tasks" in report else {}),
+                     **decode_cost(teacher, config.base, report["softmax_layers"], config.context,
+                                   config.decode_steps),
+                     "run": f"budget-{k}"})
+    choice = saved_choice(first)
+    result = {"score": choice["score"], "layer_scores": choice["layer_scores"], "context": config.context,
+              "teacher_ppl": reports[config.budgets[0]]["teacher_ppl"], "teacher": reference, "rows": rows,
+              "config": config.model_dump()}
+    atomic_write_json(output / RESULT_FILE, result)
+    (output / "budgets.md").write_text(markdown_table(result))
+    tradeoff_figure(result).write_html(output / "budgets.html", include_plotlyjs=True)
+    return result
+
+
+def markdown_table(result: dict) -> str:
+    teacher = result["teacher"]
+    lines = [f"| softmax budget | layers kept softmax | held-out ppl | ppl ratio | decode ms/step at {result['context']} "
+             "| cache MiB |", "|---:|---|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['budget']} | {r['softmax_layers'] or 'none'} | {r['student_ppl']:.3f} | "
+                     f"{r['ppl_ratio']:.3f} | {_fmt(r['decode_ms_per_step'])} | {_mib(r['cache_bytes'])} |")
+    lines.append(f"| teacher | all | {result['teacher_ppl']:.3f} | 1.000 | {_fmt(teacher['decode_ms_per_step'])} | "
+                 f"{_mib(teacher['cache_bytes'])} |")
+    return "\n".join(lines) + f"\n\nLayers ranked by `{result['score']}` after one attention transfer.\n"
+
+
+def tradeoff_figure(result: dict):
+    """Perplexity ratio against decode ms/step, one point per budget (labelled K), the teacher at ratio 1."""
+    import plotly.graph_objects as go
+
+    rows = [r for r in result["rows"] if r["decode_ms_per_step"] is not None]
+    fig = go.Figure(go.Scatter(
+        x=[r["decode_ms_per_step"] for r in rows], y=[r["ppl_ratio"] for r in rows], mode="lines+markers+text",
+        text=[f"K={r['budget']}" for r in rows], textposition="top center", name="student",
+        customdata=[[str(r["softmax_layers"]), _mib(r["cache_bytes"])] for r in rows],
+        hovertemplate="%{text}: layers %{customdata[0]}<br>%{x:.1f} ms/step, cache %{customdata[1]} MiB"
+                      "<br>ppl ratio %{y:.3f}<extra></extra>"))
+    teacher = result["teacher"]
+    if teacher["decode_ms_per_step"] is not None:
+        fig.add_trace(go.Scatter(x=[teacher["decode_ms_per_step"]], y=[1.0], mode="markers+text", text=["teacher"],
+                                 textposition="top center", name="teacher", marker={"symbol": "star", "size": 12}))
+    fig.update_layout(title=f"Quality vs decode cost by softmax budget ({result['context']} tokens of context)",
+                      xaxis_title="decode ms per step (batch 1)", yaxis_title="held-out perplexity / teacher",
+                      template="plotly_white", height=420)
+    return fig
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.1f}"
+
+
+def _mib(x: int | None) -> str:
+    return "n/a" if x is None else f"{x / 2**20:.1f}"
+
+
+def read_result(output: str | Path) -> dict | None:
+    path = Path(output) / RESULT_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+__all__ = ["run_budget_sweep", "decode_cost", "markdown_table",
+           "tradeoff_figure", "read_result", "RESULT_FILE"]
