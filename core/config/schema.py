@@ -153,6 +153,7 @@ class Stage2Spec(_Spec):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
     train_feature_maps: bool = False
+    loss: Literal["xent", "kl"] = "xent"  # xent: answer-token cross-entropy (recipe); kl: distil from the teacher
     eval_every: int = Field(100, ge=1)
     eval_blocks: int = Field(8, ge=1)
 

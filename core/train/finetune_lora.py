@@ -1,7 +1,16 @@
-"""Stage 2, LoRA: next-token cross-entropy through the converted model, prompt tokens masked.
+"""Stage 2, LoRA: next-token cross-entropy through the converted model, prompt tokens masked, or
+distillation from the teacher.
 
 Feature maps and base weights are frozen; peft LoRA adapters on the target projections train.
-The student supplies every hidden state. Validation reports loss and perplexity exp(loss).
+The student supplies every hidden state. ``stage2.loss``:
+
+* ``xent`` (the paper's): mean next-token cross-entropy on the supervised (answer) tokens;
+* ``kl``: mean over every real token of KL(p_teacher || p_student), the teacher being the same
+  model with softmax attention and the adapters off (no second copy of the weights). It keeps the
+  student close to the teacher on everything rather than adapting it to the training answers.
+
+Validation reports the cross-entropy loss and perplexity exp(loss) either way; with ``kl`` the
+validation loss (which picks the best checkpoint) is the KL and the cross-entropy is ``val_xent``.
 """
 
 from __future__ import annotations
@@ -37,6 +46,27 @@ def label_nll(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
     return nll, int(supervised_mask(labels).sum())
 
 
+def teacher_kl(model: nn.Module, batch: Batch, forward: nn.Module | None = None) -> torch.Tensor:
+    """Mean over real tokens of KL(p_teacher || p_student) at every position (see the module docstring);
+    ``forward`` (default ``model``) computes the student, e.g. a data-parallel wrapper of ``model``."""
+    inner = base_model(model)
+    kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask"), "use_cache": False}
+    with torch.no_grad():
+        set_mode(inner, "teacher")
+        try:
+            with model.disable_adapter():
+                teacher = F.log_softmax(model(**kwargs).logits.float(), dim=-1)
+        finally:
+            set_mode(inner, "student")
+    student = F.log_softmax((forward or model)(**kwargs).logits.float(), dim=-1)
+    kl = (teacher.exp() * (teacher - student)).sum(-1)  # [B, L]
+    mask = batch.get("attention_mask")
+    if mask is None:
+        return kl.mean()
+    m = mask.to(kl.dtype)
+    return (kl * m).sum() / m.sum().clamp(min=1)
+
+
 def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     """Mean next-token cross-entropy over the supervised tokens; 0 (zero gradient) when there are none."""
     nll, count = label_nll(model, batch)
@@ -62,6 +92,14 @@ def validation_loss(model: nn.Module, blocks: Batch, n_blocks: int) -> float:
     return sum(losses) / len(losses)
 
 
+@torch.no_grad()
+def validation_kl(model: nn.Module, blocks: Batch, n_blocks: int) -> float:
+    """Mean over the first ``n_blocks`` blocks of each block's :func:`teacher_kl`."""
+    device = next(model.parameters()).device
+    n = min(n_blocks, blocks["input_ids"].shape[0])
+    return sum(teacher_kl(model, {k: v[i : i + 1].to(device) for k, v in blocks.items()}).item() for i in range(n)) / n
+
+
 def wrap_for_stage2(model: nn.Module, spec: Stage2Spec) -> nn.Module:
     set_mode(base_model(model), "student")
     return add_lora(model, spec.rank, spec.alpha, spec.dropout, spec.target_modules, spec.train_feature_maps)
@@ -78,11 +116,17 @@ def train_stage2(
     forward = forward_model if forward_model is not None else model
 
     def loss_fn(batch):
+        if spec.loss == "kl":
+            return teacher_kl(model, batch, forward), {}
         return lm_loss(forward, batch), {}
 
     def eval_fn():
         val_loss = validation_loss(forward, val, spec.eval_blocks)
-        return val_loss, {"val_ppl": math.exp(min(val_loss, 50.0))}, None
+        metrics = {"val_ppl": math.exp(min(val_loss, 50.0))}
+        if spec.loss == "kl":  # the best checkpoint is the one closest to the teacher
+            metrics["val_xent"] = val_loss
+            val_loss = validation_kl(model, val, spec.eval_blocks)
+        return val_loss, metrics, None
 
     loop = LoopSpec(
         stage="stage2", steps=spec.steps, lr=spec.lr, weight_decay=spec.weight_decay, batch_size=spec.batch_size,

@@ -9,7 +9,8 @@ from core.train.checkpoint import CheckpointError, load_checkpoint
 from core.config import Stage1Spec, Stage2Spec
 from core.progress import RecordingProgress, StopRequested
 from core.train.distill_attention import evaluate_layers, train_stage1
-from core.train.finetune_lora import train_stage2, validation_loss, wrap_for_stage2
+from core.eval.metrics import teacher_context
+from core.train.finetune_lora import teacher_kl, train_stage2, validation_loss, wrap_for_stage2
 from core.train.loop import NonFiniteLossError
 from tests.tiny_models import tiny_model
 
@@ -67,6 +68,46 @@ def test_stage2_lowers_lm_loss(tmp_path):
     train_stage2(model, spec, train, val, tmp_path, RecordingProgress(), seed=0, config={})
     after = validation_loss(model, val, 4)
     assert after < before - 0.1, (before, after)
+
+
+def teacher_student_kl(model, data):
+    """KL(teacher || student) per real token, computed from two separate forwards."""
+    with torch.no_grad(), teacher_context(model):
+        teacher = torch.log_softmax(model(input_ids=data["input_ids"]).logits.float(), -1)
+    with torch.no_grad():
+        student = torch.log_softmax(model(input_ids=data["input_ids"]).logits.float(), -1)
+    return torch.nn.functional.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True,
+                                      reduction="batchmean").item()
+
+
+def test_stage2_kl_is_the_divergence_from_the_teacher_and_its_gradient_lowers_it(tmp_path):
+    model = tiny_model("llama")
+    with torch.no_grad():  # sharp teacher attention, which a linear attention cannot match
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(40.0)
+    torch.manual_seed(0)
+    model = core.linearize(model, core.AttentionSpec(kind="linear", feature_dim=8))
+    spec = Stage2Spec(steps=2, grad_accum=1, eval_every=1, eval_blocks=2, loss="kl")
+    model = wrap_for_stage2(model, spec)
+    val = blocks(2, seed=1)
+    with torch.no_grad():
+        assert teacher_kl(model, val).item() == pytest.approx(teacher_student_kl(model, val), rel=1e-5)
+    padded = {**val, "attention_mask": val["attention_mask"].clone()}
+    padded["attention_mask"][0, :6] = 0
+    with torch.no_grad():  # padded positions do not count
+        assert teacher_kl(model, padded).item() != pytest.approx(teacher_kl(model, val).item(), rel=1e-3)
+    before = teacher_kl(model, val)
+    before.backward()
+    with torch.no_grad():  # a small step against the gradient of the LoRA weights lowers the divergence
+        for p in model.parameters():
+            if p.grad is not None:
+                p.sub_(0.5 * p.grad)
+        assert teacher_kl(model, val).item() < before.item() - 1e-5
+    progress = RecordingProgress()
+    train_stage2(model, spec, blocks(4), val, tmp_path, progress, seed=0, config={})
+    evals = [s[3] for s in progress.steps if "val_loss" in s[3]]
+    assert evals and all(0 <= e["val_loss"] < e["val_xent"] for e in evals)  # the KL picks the best
+    assert core.lolcats_modules(model.get_base_model())[0].mode == "student"
 
 
 @pytest.mark.parametrize("stage", ["stage1", "stage2"])
