@@ -312,3 +312,5 @@ register_kind(JobKind(
     check="core.pipeline.budget_spec:check_sweep_fit",
     description="Quality vs decode cost with 0, 1, 2, ... layers kept softmax, from one attention transfer.",
 ))
+register_preset("budgets-cpu-demo", "budgets", {"base": CONVERT_PRESETS["cpu-demo"], "budgets": [0, 1, 2, 4, 8]},
+                "cpu-demo with 0, 1, 2, 4 and 8 layers kept softmax: quality vs decode cost")

@@ -47,7 +47,9 @@ def ablate(
 def _budget_sweep(cfg, budgets: str, context: int, output: Optional[str], resume: bool, workspace) -> None:
     from core.config import ConfigError
     from core.config.schema import build_spec
-    from core.pipeline.budgets import BudgetSweepConfig, markdown_table, run_budget_sweep
+    from core.pipeline.budget_spec import BudgetSweepConfig
+    from core.pipeline.budget_table import markdown_table
+    from core.pipeline.budgets import run_budget_sweep
 
     try:
         values = [int(k) for k in budgets.split(",") if k.strip()]

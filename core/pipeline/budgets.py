@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import shutil
 from pathlib import Path
 
@@ -34,8 +33,9 @@ from core.bench.memory import peak_tracker, weight_bytes
 from core.config import ConvertConfig
 from core.eval.layer_scores import worst_layers
 from core.io import atomic_write_json
-from core.pipeline.convert import REPORT_FILE, run_convert
+from core.pipeline.convert import run_convert
 from core.pipeline.budget_spec import BudgetSweepConfig, budget_config
+from core.pipeline.budget_table import markdown_table, tradeoff_figure
 from core.pipeline.prelude import load_teacher
 from core.pipeline.softmax_choice import CHOICE_FILE, saved_choice
 from core.progress import NullProgress, ProgressCallback
@@ -113,51 +113,9 @@ def run_budget_sweep(config: BudgetSweepConfig, output: str | Path, progress: Pr
     return result
 
 
-def markdown_table(result: dict) -> str:
-    teacher = result["teacher"]
-    lines = [f"| softmax budget | layers kept softmax | held-out ppl | ppl ratio | decode ms/step at {result['context']} "
-             "| cache MiB |", "|---:|---|---:|---:|---:|---:|"]
-    for r in result["rows"]:
-        lines.append(f"| {r['budget']} | {r['softmax_layers'] or 'none'} | {r['student_ppl']:.3f} | "
-                     f"{r['ppl_ratio']:.3f} | {_fmt(r['decode_ms_per_step'])} | {_mib(r['cache_bytes'])} |")
-    lines.append(f"| teacher | all | {result['teacher_ppl']:.3f} | 1.000 | {_fmt(teacher['decode_ms_per_step'])} | "
-                 f"{_mib(teacher['cache_bytes'])} |")
-    return "\n".join(lines) + f"\n\nLayers ranked by `{result['score']}` after one attention transfer.\n"
-
-
-def tradeoff_figure(result: dict):
-    """Perplexity ratio against decode ms/step, one point per budget (labelled K), the teacher at ratio 1."""
-    import plotly.graph_objects as go
-
-    rows = [r for r in result["rows"] if r["decode_ms_per_step"] is not None]
-    fig = go.Figure(go.Scatter(
-        x=[r["decode_ms_per_step"] for r in rows], y=[r["ppl_ratio"] for r in rows], mode="lines+markers+text",
-        text=[f"K={r['budget']}" for r in rows], textposition="top center", name="student",
-        customdata=[[str(r["softmax_layers"]), _mib(r["cache_bytes"])] for r in rows],
-        hovertemplate="%{text}: layers %{customdata[0]}<br>%{x:.1f} ms/step, cache %{customdata[1]} MiB"
-                      "<br>ppl ratio %{y:.3f}<extra></extra>"))
-    teacher = result["teacher"]
-    if teacher["decode_ms_per_step"] is not None:
-        fig.add_trace(go.Scatter(x=[teacher["decode_ms_per_step"]], y=[1.0], mode="markers+text", text=["teacher"],
-                                 textposition="top center", name="teacher", marker={"symbol": "star", "size": 12}))
-    fig.update_layout(title=f"Quality vs decode cost by softmax budget ({result['context']} tokens of context)",
-                      xaxis_title="decode ms per step (batch 1)", yaxis_title="held-out perplexity / teacher",
-                      template="plotly_white", height=420)
-    return fig
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{x:.1f}"
-
-
-def _mib(x: int | None) -> str:
-    return "n/a" if x is None else f"{x / 2**20:.1f}"
-
-
 def read_result(output: str | Path) -> dict | None:
     path = Path(output) / RESULT_FILE
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-__all__ = ["run_budget_sweep", "decode_cost", "markdown_table",
-           "tradeoff_figure", "read_result", "RESULT_FILE"]
+__all__ = ["run_budget_sweep", "decode_cost", "read_result", "RESULT_FILE"]
