@@ -71,14 +71,14 @@ def perplexity(model: nn.Module, blocks: Batch, n_blocks: int | None = None, pro
 
 
 @torch.no_grad()
-def per_layer_mse(model: nn.Module, blocks: Batch, n_blocks: int) -> list[float]:
-    """Attention-output MSE (student vs teacher, same layer input) for every layer; 0 for softmax layers."""
+def per_layer_mse(model: nn.Module, blocks: Batch, n_blocks: int) -> list[float | None]:
+    """Attention-output MSE (student vs teacher, same layer input) for every layer; None for softmax layers."""
     inner = base_model(model)
     n_layers = len(decoder_layers(inner))
     if not lolcats_modules(inner):
-        return [0.0] * n_layers
+        return [None] * n_layers
     _, per_layer = evaluate_layers(inner, blocks, n_blocks, Stage1Spec())
-    return [float(per_layer.get(i, 0.0)) for i in range(n_layers)]
+    return [float(per_layer[i]) if i in per_layer else None for i in range(n_layers)]
 
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "

@@ -62,8 +62,9 @@ def training_tokens(config: ConvertConfig) -> dict[str, int]:
             for name, spec in (("stage1", config.stage1), ("stage2", config.stage2)) if spec.enabled}
 
 
-def _mse_summary(per_layer: list[float], softmax_layers: list[int]) -> str:
-    converted = [(i, v) for i, v in enumerate(per_layer) if i not in softmax_layers]
+def _mse_summary(per_layer: list[float | None], softmax_layers: list[int]) -> str:
+    """Mean, median and worst of the converted layers' MSE (softmax layers have none, or 0 in older reports)."""
+    converted = [(i, v) for i, v in enumerate(per_layer) if i not in softmax_layers and v is not None]
     if not converted:
         return "no converted layers"
     worst = max(converted, key=lambda iv: iv[1])

@@ -41,6 +41,8 @@ def test_the_choice_is_recorded_in_the_run_and_the_report(auto_run):
     worst = max(range(2), key=lambda i: scores[i])
     assert choice["softmax_layers"] == [worst] == report["softmax_layers"]
     assert report["layer_score"] == "kl" and report["layer_scores"] == scores
+    mse = report["per_layer_mse"]
+    assert mse[worst] is None and mse[1 - worst] > 0  # a softmax layer has no attention error to report
     assert json.loads((out / "config.json").read_text())["attention"]["softmax_layers"] == "auto"
 
 
