@@ -31,40 +31,50 @@ from core.train.loop import Batch, LoopSpec, load_best, run_loop
 from core.train.parallel import ONE_PROCESS, Parallel
 
 
-def label_nll(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
-    """``(sum of next-token NLL, count)`` over the supervised tokens of ``batch``.
+def _logits(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False).logits
 
-    The logits at position ``t`` score ``labels[t + 1]`` (see :func:`core.data.supervised_mask`);
-    labels -100 are skipped. A batch with no supervised token gives ``(0, 0)``, the zero still
-    attached to the graph so that its backward is a zero gradient.
-    """
-    labels = batch["labels"]
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False).logits
+
+def logits_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``(sum of next-token NLL, count)`` over the supervised tokens: the logits at position ``t``
+    score ``labels[t + 1]`` (see :func:`core.data.supervised_mask`); labels -100 are skipped."""
     targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]  # [B, L]: the token each position predicts
     nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
                           ignore_index=IGNORE_INDEX, reduction="sum")
     return nll, int(supervised_mask(labels).sum())
 
 
-def teacher_kl(model: nn.Module, batch: Batch, forward: nn.Module | None = None) -> torch.Tensor:
-    """Mean over real tokens of KL(p_teacher || p_student) at every position (see the module docstring);
-    ``forward`` (default ``model``) computes the student, e.g. a data-parallel wrapper of ``model``."""
+def label_nll(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
+    """:func:`logits_nll` of ``model`` on ``batch``. A batch with no supervised token gives ``(0, 0)``,
+    the zero still attached to the graph so that its backward is a zero gradient."""
+    return logits_nll(_logits(model, batch), batch["labels"])
+
+
+def kl_and_logits(model: nn.Module, batch: Batch, forward: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean over real tokens of KL(p_teacher || p_student) at every position (see the module
+    docstring), and the student's logits; ``forward`` (default ``model``) computes the student,
+    e.g. a data-parallel wrapper of ``model``."""
     inner = base_model(model)
-    kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask"), "use_cache": False}
     with torch.no_grad():
         set_mode(inner, "teacher")
         try:
             with model.disable_adapter():
-                teacher = F.log_softmax(model(**kwargs).logits.float(), dim=-1)
+                teacher = F.log_softmax(_logits(model, batch).float(), dim=-1)
         finally:
             set_mode(inner, "student")
-    student = F.log_softmax((forward or model)(**kwargs).logits.float(), dim=-1)
+    logits = _logits(forward or model, batch)
+    student = F.log_softmax(logits.float(), dim=-1)
     kl = (teacher.exp() * (teacher - student)).sum(-1)  # [B, L]
     mask = batch.get("attention_mask")
     if mask is None:
-        return kl.mean()
+        return kl.mean(), logits
     m = mask.to(kl.dtype)
-    return (kl * m).sum() / m.sum().clamp(min=1)
+    return (kl * m).sum() / m.sum().clamp(min=1), logits
+
+
+def teacher_kl(model: nn.Module, batch: Batch, forward: nn.Module | None = None) -> torch.Tensor:
+    """The KL of :func:`kl_and_logits`."""
+    return kl_and_logits(model, batch, forward)[0]
 
 
 def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -73,17 +83,12 @@ def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return nll / max(count, 1)
 
 
-@torch.no_grad()
-def validation_loss(model: nn.Module, blocks: Batch, n_blocks: int) -> float:
-    """Mean over the first ``n_blocks`` blocks of each block's :func:`lm_loss`; blocks without a
-    supervised token have no loss and are left out of the mean."""
-    device = next(model.parameters()).device
+def _rows(blocks: Batch, n_blocks: int, device):
     n = min(n_blocks, blocks["input_ids"].shape[0])
-    losses = []
-    for i in range(n):
-        nll, count = label_nll(model, {k: v[i : i + 1].to(device) for k, v in blocks.items()})
-        if count:
-            losses.append(nll.item() / count)
+    return n, ({k: v[i : i + 1].to(device) for k, v in blocks.items()} for i in range(n))
+
+
+def _mean_loss(losses: list[float], n: int, n_blocks: int) -> float:
     if not losses:
         raise ValueError(
             f"stage2 validation: none of the first {n} blocks (eval_blocks={n_blocks}) has a supervised token "
@@ -93,11 +98,31 @@ def validation_loss(model: nn.Module, blocks: Batch, n_blocks: int) -> float:
 
 
 @torch.no_grad()
-def validation_kl(model: nn.Module, blocks: Batch, n_blocks: int) -> float:
-    """Mean over the first ``n_blocks`` blocks of each block's :func:`teacher_kl`."""
-    device = next(model.parameters()).device
-    n = min(n_blocks, blocks["input_ids"].shape[0])
-    return sum(teacher_kl(model, {k: v[i : i + 1].to(device) for k, v in blocks.items()}).item() for i in range(n)) / n
+def validation_loss(model: nn.Module, blocks: Batch, n_blocks: int) -> float:
+    """Mean over the first ``n_blocks`` blocks of each block's :func:`lm_loss`; blocks without a
+    supervised token have no loss and are left out of the mean."""
+    n, rows = _rows(blocks, n_blocks, next(model.parameters()).device)
+    losses = []
+    for batch in rows:
+        nll, count = label_nll(model, batch)
+        if count:
+            losses.append(nll.item() / count)
+    return _mean_loss(losses, n, n_blocks)
+
+
+@torch.no_grad()
+def validation_kl(model: nn.Module, blocks: Batch, n_blocks: int) -> tuple[float, float]:
+    """``(mean KL, mean cross-entropy)`` over the first ``n_blocks`` blocks, from one student forward
+    per block: each block's :func:`teacher_kl`, and its :func:`lm_loss` as in :func:`validation_loss`."""
+    n, rows = _rows(blocks, n_blocks, next(model.parameters()).device)
+    kls, losses = [], []
+    for batch in rows:
+        kl, logits = kl_and_logits(model, batch)
+        kls.append(kl.item())
+        nll, count = logits_nll(logits, batch["labels"])
+        if count:
+            losses.append(nll.item() / count)
+    return sum(kls) / max(n, 1), _mean_loss(losses, n, n_blocks)
 
 
 def wrap_for_stage2(model: nn.Module, spec: Stage2Spec) -> nn.Module:
@@ -121,12 +146,11 @@ def train_stage2(
         return lm_loss(forward, batch), {}
 
     def eval_fn():
-        val_loss = validation_loss(forward, val, spec.eval_blocks)
-        metrics = {"val_ppl": math.exp(min(val_loss, 50.0))}
         if spec.loss == "kl":  # the best checkpoint is the one closest to the teacher
-            metrics["val_xent"] = val_loss
-            val_loss = validation_kl(model, val, spec.eval_blocks)
-        return val_loss, metrics, None
+            val_kl, val_xent = validation_kl(model, val, spec.eval_blocks)
+            return val_kl, {"val_xent": val_xent, "val_ppl": math.exp(min(val_xent, 50.0))}, None
+        val_loss = validation_loss(forward, val, spec.eval_blocks)
+        return val_loss, {"val_ppl": math.exp(min(val_loss, 50.0))}, None
 
     loop = LoopSpec(
         stage="stage2", steps=spec.steps, lr=spec.lr, weight_decay=spec.weight_decay, batch_size=spec.batch_size,

@@ -10,7 +10,7 @@ from core.config import Stage1Spec, Stage2Spec
 from core.progress import RecordingProgress, StopRequested
 from core.train.distill_attention import evaluate_layers, train_stage1
 from core.eval.metrics import teacher_context
-from core.train.finetune_lora import teacher_kl, train_stage2, validation_loss, wrap_for_stage2
+from core.train.finetune_lora import teacher_kl, train_stage2, validation_kl, validation_loss, wrap_for_stage2
 from core.train.loop import NonFiniteLossError
 from tests.tiny_models import tiny_model
 
@@ -96,6 +96,9 @@ def test_stage2_kl_is_the_divergence_from_the_teacher_and_its_gradient_lowers_it
     padded["attention_mask"][0, :6] = 0
     with torch.no_grad():  # padded positions do not count
         assert teacher_kl(model, padded).item() != pytest.approx(teacher_kl(model, val).item(), rel=1e-3)
+    with torch.no_grad():  # one student forward gives both validation numbers
+        assert validation_kl(model, val, 2) == pytest.approx((teacher_kl(model, val).item(),
+                                                                 validation_loss(model, val, 2)), rel=1e-5)
     before = teacher_kl(model, val)
     before.backward()
     with torch.no_grad():  # a small step against the gradient of the LoRA weights lowers the divergence
