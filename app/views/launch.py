@@ -47,9 +47,10 @@ def _init_state() -> None:
         else:
             st.session_state[P + "preset"] = _default_preset()
             _apply_preset()
-    # the auto widgets are shown only with softmax_layers auto; Streamlit drops a hidden widget's value
-    st.session_state.setdefault(P + "softmax_budget", forms.DEFAULT_BUDGET)
-    st.session_state.setdefault(P + "softmax_score", SOFTMAX_SCORES[0])
+    # The auto widgets are drawn only with softmax_layers auto, and Streamlit drops the value of a
+    # widget not drawn in a run; assigning the value to itself keeps it while the widget is hidden.
+    for key, default in (("softmax_budget", forms.DEFAULT_BUDGET), ("softmax_score", SOFTMAX_SCORES[0])):
+        st.session_state[P + key] = st.session_state.get(P + key, default)
 
 
 def _save_state() -> None:
