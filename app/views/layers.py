@@ -1,5 +1,6 @@
 """Layers: where the conversion fails. Per-layer attention-output MSE over training (live while the
-job runs), the final per-layer MSE of the report, and several conversions side by side."""
+job runs), the final per-layer MSE of the report (beside the layer scores of a ``softmax_layers: auto``
+run), and several conversions side by side."""
 
 from __future__ import annotations
 
