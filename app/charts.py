@@ -74,7 +74,8 @@ def stage_curves(series: dict[str, Sequence[tuple[int, float]]], *, title: str, 
 
 def layer_bars(per_job: dict[str, Sequence[float]], softmax_layers: dict[str, Iterable[int]] | None = None, *,
                log_y: bool = True) -> go.Figure:
-    """Final per-layer MSE (``report.json`` ``per_layer_mse``), grouped bars, one colour per job."""
+    """Final per-layer MSE (``report.json`` ``per_layer_mse``), grouped bars, one colour per job; a value
+    that is null or not positive (a layer kept softmax) has no bar."""
     fig = go.Figure()
     for name, values in per_job.items():
         kept = set((softmax_layers or {}).get(name, ()))
@@ -84,6 +85,30 @@ def layer_bars(per_job: dict[str, Sequence[float]], softmax_layers: dict[str, It
     fig.update_layout(title="Final per-layer attention MSE (held-out text)", template=TEMPLATE, barmode="group",
                       xaxis_title="layer", yaxis_title="attention-output MSE", height=400, margin={"t": 60, "b": 40})
     fig.update_xaxes(dtick=1 if max((len(v) for v in per_job.values()), default=0) <= 32 else None)
+    if log_y:
+        fig.update_yaxes(type="log")
+    return fig
+
+
+SCORE_LABELS = {"kl": "next-token KL", "mse": "normalised attention-output MSE"}  # attention.softmax_score
+SCORE_COLORS = {"converted": "#7f7f7f", "kept": COLORS["student"]}
+
+
+def layer_score_bars(scores: Sequence[float | None], kept: Iterable[int], score_name: str, *,
+                     log_y: bool = True) -> go.Figure:
+    """The score of each converted layer (``report.json`` ``layer_scores``, ``attention.softmax_score``
+    ``score_name``), one bar per layer; the layers ``softmax_layers: auto`` kept softmax (``kept``) are
+    drawn in their own colour with the text "kept softmax". A null score (a layer never converted) has no bar."""
+    kept = set(kept)
+    layers = [i for i, v in enumerate(scores) if v is not None]
+    label = SCORE_LABELS.get(score_name, score_name)
+    fig = go.Figure(go.Bar(
+        x=layers, y=[scores[i] for i in layers], text=["kept softmax" if i in kept else "" for i in layers],
+        marker={"color": [SCORE_COLORS["kept" if i in kept else "converted"] for i in layers]},
+        hovertemplate="layer %{x}<br>" + label + " %{y:.3g}<extra></extra>", name=label))
+    fig.update_layout(title=f"Layer scores after stage 1 ({label})", template=TEMPLATE, xaxis_title="layer",
+                      yaxis_title=label, height=400, margin={"t": 60, "b": 40})
+    fig.update_xaxes(dtick=1 if len(scores) <= 32 else None)
     if log_y:
         fig.update_yaxes(type="log")
     return fig

@@ -268,6 +268,24 @@ def report(job: JobInfo) -> dict | None:
     return None
 
 
+def _layer_list(value: Any) -> list[int] | None:
+    """``value`` when it is a list of layer indices (never a string such as ``"auto"``), else None."""
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return list(value)
+    return None
+
+
+def softmax_layers(job: JobInfo, result: dict | None = None) -> list[int]:
+    """The layers ``job`` leaves softmax: its report's ``softmax_layers`` (``result``, else
+    :func:`report`) when present, else the config's ``attention.softmax_layers`` when it is a list,
+    else ``[]`` (``"auto"`` before the run has chosen, or a report older than the key)."""
+    result = report(job) if result is None else result
+    chosen = _layer_list((result or {}).get("softmax_layers"))
+    if chosen is not None:
+        return chosen
+    return _layer_list(job.config.get("attention", {}).get("softmax_layers")) or []
+
+
 # ----------------------------------------------------------------------------------------------
 # Converted models (chat and heatmaps)
 # ----------------------------------------------------------------------------------------------

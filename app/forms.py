@@ -19,6 +19,7 @@ from core.config import (
     deep_merge,
     validation_problems,
 )
+from core.config.constants import SOFTMAX_SCORES
 from core.models import ModelFitError, check_model_fit
 
 RECIPE = "paper recipe (defaults)"
@@ -27,6 +28,12 @@ MODEL_CHOICES = {
     "tiny": "Tiny random Llama (seconds; for smoke tests)",
     "hub": "Hugging Face hub id",
     "local": "Local folder or .gguf file",
+}
+AUTO = "auto"  # softmax_layers: let the conversion choose the layers kept softmax after stage 1
+DEFAULT_BUDGET = 2  # layers kept softmax with AUTO when the config sets no budget
+SCORE_HELP = {  # what each attention.softmax_score ranks the converted layers by
+    "kl": "next-token KL to the teacher with only that layer linear",
+    "mse": "attention-output MSE normalised by the teacher output's variance",
 }
 DATA_CHOICES = {
     "gsm8k": "GSM8K test pairs (bundled, instructions)",
@@ -74,7 +81,9 @@ def form_values(config: dict[str, Any]) -> dict[str, Any]:
         "data_choice": data_choice, "data_path": data_path, "data_format": d["format"], "seq_len": d["seq_len"],
         "max_examples": d["max_examples"] or 0, "val_examples": d["val_examples"],
         "attention_kind": a["kind"], "feature_map": a["feature_map"], "feature_dim": a["feature_dim"],
-        "window_size": a["window_size"], "softmax_layers": ", ".join(str(i) for i in a["softmax_layers"]),
+        "window_size": a["window_size"], "softmax_layers": _layers_text(a["softmax_layers"]),
+        "softmax_budget": DEFAULT_BUDGET if a["softmax_budget"] is None else a["softmax_budget"],
+        "softmax_score": a["softmax_score"],
         "stage1_enabled": s1["enabled"], "stage1_steps": s1["steps"], "stage1_lr": f"{s1['lr']:g}",
         "stage1_grad_accum": s1["grad_accum"], "stage1_eval_every": s1["eval_every"],
         "stage2_enabled": s2["enabled"], "stage2_steps": s2["steps"], "stage2_lr": f"{s2['lr']:g}",
@@ -91,14 +100,38 @@ def _float(text: Any, field: str, problems: list[tuple[str, str]]) -> Any:
     return value  # nan / inf pass through: the config rejects them with its own message
 
 
-def _layers(text: str, problems: list[tuple[str, str]]) -> list[int] | None:
+def _layers_text(layers: list[int] | str) -> str:
+    return AUTO if layers == AUTO else ", ".join(str(i) for i in layers)
+
+
+def is_auto(text: Any) -> bool:
+    """Whether the softmax-layers entry asks for ``auto`` (any case, surrounding spaces ignored)."""
+    return str(text).strip().lower() == AUTO
+
+
+def _layers(text: str, problems: list[tuple[str, str]]) -> list[int] | str | None:
+    """``"auto"`` (any case), the comma-separated layer numbers, or None with a problem."""
+    if is_auto(text):
+        return AUTO
     parts = [p for p in str(text).replace(";", ",").replace(" ", ",").split(",") if p]
     try:
         return [int(p) for p in parts]
     except ValueError:
         problems.append(("attention.softmax_layers",
-                         f"must be layer numbers separated by commas, such as 0, 15; got {text!r}"))
+                         f"must be {AUTO} alone, or layer numbers separated by commas such as 0, 15; got {text!r}"))
         return None
+
+
+def _softmax_fields(values: dict[str, Any], problems: list[tuple[str, str]]) -> dict[str, Any]:
+    """The ``attention`` fields of the softmax layers: with ``auto`` its budget and score, with a
+    list no budget (the config refuses a budget without ``auto``), nothing when the entry is bad."""
+    layers = _layers(values["softmax_layers"], problems)
+    if layers is None:
+        return {}
+    if layers != AUTO:
+        return {"softmax_layers": layers, "softmax_budget": None}
+    return {"softmax_layers": AUTO, "softmax_budget": int(values.get("softmax_budget", DEFAULT_BUDGET)),
+            "softmax_score": values.get("softmax_score", SOFTMAX_SCORES[0])}
 
 
 def build(preset: str, values: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -121,7 +154,6 @@ def build(preset: str, values: dict[str, Any]) -> tuple[dict[str, Any], list[tup
         data_source = str(values.get("data_path") or "").strip()
         if not data_source:
             problems.append(("data.source", "enter a dataset id or a file path, or pick a bundled dataset"))
-    layers = _layers(values["softmax_layers"], problems)
     form = {
         "model": {"source": model_source or BUNDLED_MODEL, "dtype": values["dtype"], "device": values["device"]},
         "data": {"source": data_source or "gsm8k", "format": values["data_format"],
@@ -129,7 +161,7 @@ def build(preset: str, values: dict[str, Any]) -> tuple[dict[str, Any], list[tup
                  "max_examples": int(values["max_examples"]) or None},
         "attention": {"kind": values["attention_kind"], "feature_map": values["feature_map"],
                       "feature_dim": int(values["feature_dim"]), "window_size": int(values["window_size"]),
-                      **({"softmax_layers": layers} if layers is not None else {})},
+                      **_softmax_fields(values, problems)},
         "stage1": {"enabled": bool(values["stage1_enabled"]), "steps": int(values["stage1_steps"]),
                    "grad_accum": int(values["stage1_grad_accum"]), "eval_every": int(values["stage1_eval_every"])},
         "stage2": {"enabled": bool(values["stage2_enabled"]), "steps": int(values["stage2_steps"]),

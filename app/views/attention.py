@@ -52,7 +52,7 @@ def _layers_info(job) -> tuple[int, list[int]]:
     from core.train.lora import base_model
 
     n = len(decoder_layers(base_model(lm.model)))
-    kept = list(job.config.get("attention", {}).get("softmax_layers", []))
+    kept = common.softmax_layers(job)
     return n, kept
 
 

@@ -13,6 +13,7 @@ import streamlit as st
 
 from app import common, forms
 from core.config import FEATURE_MAPS, KINDS, PRESET_DESCRIPTIONS
+from core.config.constants import SOFTMAX_SCORES
 from jobs import api
 from jobs.errors import JobsError
 
@@ -39,14 +40,17 @@ def _apply_preset() -> None:
 
 def _init_state() -> None:
     saved = st.session_state.get(_SAVED)
-    if P + "preset" in st.session_state:
-        return
-    if saved:
-        for key, value in saved.items():
-            st.session_state[key] = value
-        return
-    st.session_state[P + "preset"] = _default_preset()
-    _apply_preset()
+    if P + "preset" not in st.session_state:
+        if saved:
+            for key, value in saved.items():
+                st.session_state[key] = value
+        else:
+            st.session_state[P + "preset"] = _default_preset()
+            _apply_preset()
+    # The auto widgets are drawn only with softmax_layers auto, and Streamlit drops the value of a
+    # widget not drawn in a run; assigning the value to itself keeps it while the widget is hidden.
+    for key, default in (("softmax_budget", forms.DEFAULT_BUDGET), ("softmax_score", SOFTMAX_SCORES[0])):
+        st.session_state[P + key] = st.session_state.get(P + key, default)
 
 
 def _save_state() -> None:
@@ -114,8 +118,16 @@ def _form(problems) -> None:
                  help="hedgehog: [softmax(xW), softmax(-xW)]; t2r: relu(xW + b)")
     c3.number_input("Feature dim", key=P + "feature_dim", step=8, help="hedgehog f (F = 2f); recipe 64")
     c4.number_input("Window", key=P + "window_size", step=16, help="window / tile length; recipe 64")
-    st.text_input("Layers kept as softmax", key=P + "softmax_layers", placeholder="e.g. 0, 15",
-                  help="comma-separated layer indices that keep their original attention (hybrid model)")
+    st.text_input("Layers kept as softmax", key=P + "softmax_layers", placeholder="e.g. 0, 15, or auto",
+                  help="comma-separated layer indices that keep their original attention (hybrid model), or "
+                       f"{forms.AUTO}: after stage 1 every converted layer is scored and the highest-scoring "
+                       "ones get their softmax attention back")
+    if forms.is_auto(st.session_state.get(P + "softmax_layers")):
+        c1, c2 = st.columns(2)
+        c1.number_input("Layers to keep softmax", key=P + "softmax_budget", min_value=0, step=1,
+                        help=f"how many of the highest-scoring layers stay softmax (default {forms.DEFAULT_BUDGET})")
+        c2.selectbox("Score", SOFTMAX_SCORES, key=P + "softmax_score",
+                     help="; ".join(f"{name}: {text}" for name, text in forms.SCORE_HELP.items()))
     _problems_for("attention", problems)
     _problems_for("config", problems)  # checks across sections (window vs sequence length)
 
@@ -155,6 +167,13 @@ def _check(values: dict):
     return (validated.model_dump() if validated is not None and not problems else config), problems
 
 
+def _softmax_summary(attention: dict) -> str:
+    """The softmax layers of the Check panel's attention line ("" when every layer is converted)."""
+    if attention["softmax_layers"] == forms.AUTO:
+        return f", softmax layers: auto (budget {attention['softmax_budget']}, by {attention['softmax_score']})"
+    return f", softmax layers {attention['softmax_layers']}" if attention["softmax_layers"] else ""
+
+
 def _panel(config: dict | None, problems: list[tuple[str, str]]) -> None:
     with st.container(border=True):
         st.subheader("Check")
@@ -166,7 +185,7 @@ def _panel(config: dict | None, problems: list[tuple[str, str]]) -> None:
             m, a, s1, s2 = config["model"], config["attention"], config["stage1"], config["stage2"]
             st.success("The config is valid.", icon=":material/check_circle:")
             window = "" if a["kind"] == "linear" else f", window {a['window_size']}"
-            softmax = f", softmax layers {a['softmax_layers']}" if a["softmax_layers"] else ""
+            softmax = _softmax_summary(a)
             st.markdown(
                 f"- model **{m['source']}** ({m['dtype']}, {m['device']})\n"
                 f"- data **{config['data']['source']}**, {config['data']['seq_len']} tokens per block\n"

@@ -1,12 +1,13 @@
 """Layers: where the conversion fails. Per-layer attention-output MSE over training (live while the
-job runs), the final per-layer MSE of the report, and several conversions side by side."""
+job runs), the final per-layer MSE of the report (beside the layer scores of a ``softmax_layers: auto``
+run), and several conversions side by side."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from app import charts, common
+from app import charts, common, forms
 from jobs import api
 from jobs.records import JobInfo
 
@@ -59,13 +60,33 @@ def _job_view(job_id: int) -> None:
     result = common.report(job) if job.status == "succeeded" else None
     mse = (result or {}).get("per_layer_mse")
     if isinstance(mse, list) and mse:
-        kept = job.config.get("attention", {}).get("softmax_layers", [])
-        st.plotly_chart(charts.layer_bars({f"#{job.id}": mse}, {f"#{job.id}": kept}, log_y=log_y), key="layers_bars")
+        kept = common.softmax_layers(job, result)
+        scores = result.get("layer_scores")
+        left, right = st.columns(2) if isinstance(scores, list) else (st.container(), None)
+        left.plotly_chart(charts.layer_bars({f"#{job.id}": mse}, {f"#{job.id}": kept}, log_y=log_y),
+                          key="layers_bars")
         worst = max(range(len(mse)), key=lambda i: mse[i] or 0.0)
-        st.caption(f"Highest final MSE: layer {worst} ({common.fmt_number(mse[worst])}). Layers kept as softmax "
-                   "show no bar.")
+        left.caption(f"Highest final MSE: layer {worst} ({common.fmt_number(mse[worst])}). Layers kept as softmax "
+                     "show no bar.")
+        if right is not None:
+            _scores_view(right, scores, kept, str(result.get("layer_score", "")), log_y)
     elif job.status != "succeeded":
         st.caption("The final per-layer bar chart appears when the job succeeds.")
+
+
+def _scores_view(column, scores: list, kept: list[int], score: str, log_y: bool) -> None:
+    """The layer scores of a ``softmax_layers: auto`` run and the layers they kept softmax."""
+    chosen = [i for i in kept if i < len(scores) and scores[i] is not None]  # not the layers never converted
+    column.plotly_chart(charts.layer_score_bars(scores, chosen, score, log_y=log_y), key="layers_scores")
+    how = forms.SCORE_HELP.get(score, score)
+    column.caption(f"softmax_layers auto scored every converted layer after stage 1 by {score} ({how}) and kept "
+                   f"the highest as softmax: layer(s) {', '.join(map(str, chosen)) or 'none'}.")
+
+
+def _converted_mean(mse: list | None, kept: list[int]) -> float | None:
+    """Mean final MSE over the converted layers (not the softmax ones, not null values), None if none."""
+    values = [v for i, v in enumerate(mse or []) if i not in kept and isinstance(v, (int, float))]
+    return sum(values) / len(values) if values else None
 
 
 def _compare(jobs: list[JobInfo]) -> None:
@@ -83,15 +104,15 @@ def _compare(jobs: list[JobInfo]) -> None:
         job = by_id[job_id]
         result = common.report(job) or {}
         label = f"#{job.id} {job.name or ''}".strip()
+        kept[label] = common.softmax_layers(job, result)
         if isinstance(result.get("per_layer_mse"), list):
             bars[label] = result["per_layer_mse"]
-            kept[label] = job.config.get("attention", {}).get("softmax_layers", [])
         attn = job.config.get("attention", {})
         rows.append({"job": label, "model": job.config.get("model", {}).get("source"),
                      "attention": f"{attn.get('kind')}/{attn.get('feature_map')}",
-                     "window": attn.get("window_size"), "teacher ppl": result.get("teacher_ppl"),
-                     "student ppl": result.get("student_ppl"), "ratio": result.get("ppl_ratio"),
-                     "mean layer MSE": (sum(bars[label]) / len(bars[label])) if bars.get(label) else None})
+                     "window": attn.get("window_size"), "softmax layers": ", ".join(map(str, kept[label])) or "none",
+                     "teacher ppl": result.get("teacher_ppl"), "student ppl": result.get("student_ppl"),
+                     "ratio": result.get("ppl_ratio"), "mean layer MSE": _converted_mean(bars.get(label), kept[label])})
         val = [(p.step, p.value) for p in common.latest_attempt(api.job_metrics(job.id, name="val_mse", stage="stage1",
                                                                                 **common.ws()))
                if p.layer is None and p.value is not None]

@@ -54,7 +54,7 @@ def _launch_form(conversions: list[JobInfo], expanded: bool) -> None:
                                            "feature_map": attn.get("feature_map", "hedgehog"),
                                            "feature_dim": attn.get("feature_dim", 64),
                                            "window_size": attn.get("window_size", 64),
-                                           "softmax_layers": attn.get("softmax_layers", [])}
+                                           "softmax_layers": common.softmax_layers(by_id[source])}
                 name = f"bench-{source}" if source is not None else "bench"
                 job = api.submit_job(common.BENCHMARK, config, name=name, **common.ws())
             except (JobsError, ValueError) as exc:

@@ -6,11 +6,13 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from app import bench_results, charts, forms
+from app import bench_results, charts, common, forms
+from core.config import build_config
 
 
 # ---------------------------------------------------------------------------------------------- forms
@@ -56,6 +58,9 @@ def test_form_edits_reach_the_config():
     ({"feature_dim": -2}, "attention.feature_dim", "feature_dim"),
     ({"softmax_layers": "0, 0"}, "attention.softmax_layers", "more than once"),
     ({"softmax_layers": "zero"}, "attention.softmax_layers", "layer numbers"),
+    ({"softmax_layers": "x"}, "attention.softmax_layers", "must be auto alone, or layer numbers"),
+    ({"softmax_layers": "auto, 3"}, "attention.softmax_layers", "must be auto alone, or layer numbers"),
+    ({"softmax_layers": "auto", "softmax_budget": 2}, "attention.softmax_budget", "would keep every layer"),
     ({"stage1_lr": "0"}, "stage1.lr", "stage1.lr must be a finite number > 0, got 0.0"),
     ({"stage2_lr": "fast"}, "stage2.lr", "must be a number"),
     ({"stage1_steps": 0}, "stage1.steps", "greater than or equal to 1"),
@@ -67,6 +72,31 @@ def test_form_edits_reach_the_config():
 def test_form_problems_name_the_field(changes, field, words):
     problems = _problems(**changes)
     assert any(f == field and words in m for f, m in problems), problems
+
+
+def test_auto_softmax_layers_round_trip():
+    config, problems = forms.build("tiny-test", _values(softmax_layers=" Auto ", softmax_budget=1, softmax_score="mse"))
+    assert problems == []
+    attention = config["attention"]
+    assert (attention["softmax_layers"], attention["softmax_budget"], attention["softmax_score"]) == ("auto", 1, "mse")
+    assert build_config(config).model_dump() == config
+    values = forms.form_values(config)
+    assert (values["softmax_layers"], values["softmax_budget"], values["softmax_score"]) == ("auto", 1, "mse")
+    assert forms.build("tiny-test", {"preset": "tiny-test", **values}) == (config, [])
+    assert forms.validate(config) == (build_config(config), [])
+
+
+def test_layer_list_after_auto_drops_the_budget():
+    auto, _ = forms.build("tiny-test", _values(softmax_layers="auto", softmax_budget=1))
+    listed, problems = forms.build("tiny-test", {"preset": "tiny-test", **forms.form_values(auto), "softmax_layers": "1"})
+    assert problems == []
+    assert (listed["attention"]["softmax_layers"], listed["attention"]["softmax_budget"]) == ([1], None)
+    assert build_config(listed).attention.softmax_layers == [1]
+
+
+def test_form_shows_the_default_budget_of_a_config_without_one():
+    values = forms.form_values(forms.preset_config("tiny-test"))
+    assert (values["softmax_layers"], values["softmax_budget"], values["softmax_score"]) == ("", 2, "kl")
 
 
 def test_launch_form_validates_and_queues_without_importing_torch(tmp_path):
@@ -162,6 +192,47 @@ def test_layer_curves_and_bars():
     assert [t.name for t in fig.data] == ["layer 0", "layer 1"] and list(fig.data[1].y) == [1 / 3, 1 / 5]
     bars = charts.layer_bars({"#1": [0.5, 0.0, 0.25]}, {"#1": [1]})
     assert list(bars.data[0].y) == [0.5, None, 0.25] and list(bars.data[0].text) == ["", "softmax", ""]
+    nulls = charts.layer_bars({"#1": [0.5, None, 0.0, 0.25]}, {"#1": [1, 2]})
+    assert list(nulls.data[0].y) == [0.5, None, None, 0.25]
+
+
+def test_layer_score_bars_mark_the_kept_layers_and_skip_null_scores():
+    fig = charts.layer_score_bars([0.125, None, 0.5, 0.03125], [2], "kl")
+    (bars,) = fig.data
+    assert list(bars.x) == [0, 2, 3] and list(bars.y) == [0.125, 0.5, 0.03125]
+    assert list(bars.text) == ["", "kept softmax", ""]
+    converted, kept = charts.SCORE_COLORS["converted"], charts.SCORE_COLORS["kept"]
+    assert converted != kept and list(bars.marker.color) == [converted, kept, converted]
+    assert "next-token KL" in fig.layout.title.text and fig.layout.yaxis.type == "log"
+    linear = charts.layer_score_bars([0.25, 0.5], [], "mse", log_y=False)
+    assert linear.layout.yaxis.type != "log" and "normalised attention-output MSE" in linear.layout.yaxis.title.text
+    assert list(linear.data[0].text) == ["", ""]
+
+
+# ---------------------------------------------------------------------------------------------- resolved softmax layers
+
+
+def _job(softmax_layers, result=None, run_dir=None):
+    """What :func:`app.common.softmax_layers` reads of a job: its config, result and run folder."""
+    return SimpleNamespace(config={"attention": {"softmax_layers": softmax_layers}}, result=result, run_dir=run_dir)
+
+
+@pytest.mark.parametrize("config_layers, result, expected", [
+    ("auto", {"softmax_layers": [3, 27]}, [3, 27]),  # the choice of an auto run
+    ([0, 5], {"softmax_layers": [0, 5, 9]}, [0, 5, 9]),  # the report also counts layers kept for other reasons
+    ([0, 5], {"student_ppl": 2.0}, [0, 5]),  # a report older than the key
+    ([0, 5], None, [0, 5]),
+    ("auto", None, []),  # auto before the choice: never list("auto")
+    ("auto", {"softmax_layers": "auto"}, []),
+])
+def test_softmax_layers_prefers_the_report(config_layers, result, expected):
+    assert common.softmax_layers(_job(config_layers, result)) == expected
+
+
+def test_softmax_layers_reads_report_json_and_an_explicit_result(tmp_path):
+    (tmp_path / "report.json").write_text('{"softmax_layers": [1]}')
+    assert common.softmax_layers(_job("auto", run_dir=tmp_path)) == [1]
+    assert common.softmax_layers(_job([4], run_dir=tmp_path), {}) == [4]  # the result given wins over the file
 
 
 # ---------------------------------------------------------------------------------------------- chat prompts

@@ -34,6 +34,7 @@ def test_preset_fills_the_form_and_the_config_is_valid(fresh_ws):
     ("number_input", "launch_window_size", 0, "window_size must be an integer >= 1, got 0"),
     ("text_input", "launch_stage1_lr", "0", "stage1.lr must be a finite number > 0"),
     ("text_input", "launch_softmax_layers", "1, 1", "more than once"),
+    ("text_input", "launch_softmax_layers", "auto, 3", "must be auto alone, or layer numbers"),
     ("number_input", "launch_seq_len", 8, "data.seq_len (8) is smaller than attention.window_size (16)"),
 ])
 def test_invalid_values_are_shown_inline_and_block_the_launch(fresh_ws, kind, key, value, message):
@@ -101,3 +102,36 @@ def test_check_panel_refuses_softmax_layers_the_model_does_not_have(fresh_ws):
     assert button(at, "launch_submit").disabled
     widget(at, "text_input", "launch_softmax_layers").set_value("1").run()
     assert "The config is valid." in texts(at)
+
+
+def _widget_keys(at, kind):
+    return {w.key for w in getattr(at, kind)}
+
+
+def test_auto_softmax_layers_with_a_budget_and_a_score(fresh_ws):
+    at = open_page()
+    _select_preset(at, "tiny-test")
+    assert "launch_softmax_budget" not in _widget_keys(at, "number_input")
+    widget(at, "text_input", "launch_softmax_layers").set_value("AUTO").run()
+    assert not at.exception
+    assert widget(at, "number_input", "launch_softmax_budget").value == forms.DEFAULT_BUDGET
+    score = widget(at, "selectbox", "launch_softmax_score")
+    assert score.value == "kl" and list(score.options) == ["kl", "mse"]
+    assert "attention-output MSE normalised by the teacher output's variance" in score.help
+    shown = texts(at)  # the default budget of 2 would keep both layers of the tiny model softmax
+    assert "attention.softmax_budget" in shown and "use at most 1" in shown
+    assert button(at, "launch_submit").disabled
+    widget(at, "number_input", "launch_softmax_budget").set_value(1).run()
+    widget(at, "selectbox", "launch_softmax_score").set_value("mse").run()
+    assert "softmax layers: auto (budget 1, by mse)" in texts(at)
+    button(at, "launch_submit").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    (job,) = api.list_jobs(workspace=fresh_ws)
+    attention = job.config["attention"]
+    assert (attention["softmax_layers"], attention["softmax_budget"], attention["softmax_score"]) == ("auto", 1, "mse")
+    widget(at, "text_input", "launch_softmax_layers").set_value("1").run()
+    assert "launch_softmax_budget" not in _widget_keys(at, "number_input")
+    assert "The config is valid." in texts(at)
+    widget(at, "text_input", "launch_softmax_layers").set_value("auto").run()  # hidden, the values were kept
+    assert widget(at, "number_input", "launch_softmax_budget").value == 1
+    assert widget(at, "selectbox", "launch_softmax_score").value == "mse"

@@ -7,6 +7,7 @@ import pytest
 from jobs import api, store
 from jobs.db import open_db
 from tests.app.apptest import open_page, plotly_figures, texts, widget
+from tests.app.seed import tiny_convert_config
 
 
 def _figure(at, title_part):
@@ -76,6 +77,61 @@ def test_live_view_of_a_running_conversion(fresh_ws):
     at.run()
     fig = _figure(at, "Per-layer attention MSE during stage 1")
     assert {t["name"]: t["y"] for t in fig["data"]} == {"layer 0": [0.25, 0.2], "layer 1": [0.75, 0.6]}
+
+
+def _succeeded_conversion(ws, attention: dict, report: dict, name: str) -> int:
+    """A conversion row that succeeded with ``report`` (what the runner records), no run folder."""
+    db = open_db(ws)
+    job = api.submit_job("convert", tiny_convert_config(attention=attention), name=name, workspace=ws)
+    claim = store.claim_next_job(db, "otherhost:1:1")
+    store.mark_succeeded(db, job.id, claim.attempt, report)
+    return job.id
+
+
+AUTO_REPORT = {"teacher_ppl": 10.0, "student_ppl": 12.5, "ppl_ratio": 1.25, "per_layer_mse": [0.0, 0.375],
+               "softmax_layers": [0], "layer_score": "kl", "layer_scores": [0.75, 0.0625]}
+
+
+def test_scores_of_an_auto_conversion_beside_the_final_bars(fresh_ws):
+    job_id = _succeeded_conversion(fresh_ws, {"softmax_layers": "auto", "softmax_budget": 1}, AUTO_REPORT, "auto")
+    at = open_page("views/layers.py")
+    assert not at.exception
+    scores = _figure(at, "Layer scores after stage 1 (next-token KL)")
+    (bars,) = scores["data"]
+    assert list(bars["x"]) == [0, 1] and bars["y"] == pytest.approx([0.75, 0.0625])
+    assert list(bars["text"]) == ["kept softmax", ""]
+    assert bars["marker"]["color"][0] != bars["marker"]["color"][1]
+    final = _figure(at, "Final per-layer attention MSE")
+    assert list(final["data"][0]["text"]) == ["softmax", ""] and final["data"][0]["y"][1] == pytest.approx(0.375)
+    shown = texts(at)
+    assert "by kl (next-token KL to the teacher with only that layer linear)" in shown
+    assert "kept the highest as softmax: layer(s) 0." in shown
+    assert api.get_job(job_id, workspace=fresh_ws).config["attention"]["softmax_layers"] == "auto"
+
+
+def test_a_conversion_without_scores_has_no_score_chart(seeded_ws):
+    at = open_page("views/layers.py")
+    widget(at, "selectbox", "layers_job").set_value(seeded_ws.conversion).run()
+    titles = [str(f["layout"].get("title", {}).get("text", "")) for f in plotly_figures(at)]
+    assert any("Final per-layer attention MSE" in t for t in titles)
+    assert not any("Layer scores" in t for t in titles)
+
+
+def test_compare_lists_the_resolved_softmax_layers(fresh_ws):
+    auto = _succeeded_conversion(fresh_ws, {"softmax_layers": "auto", "softmax_budget": 1}, AUTO_REPORT, "auto")
+    old_report = {key: AUTO_REPORT[key] for key in ("teacher_ppl", "student_ppl", "ppl_ratio")}
+    listed = _succeeded_conversion(fresh_ws, {"softmax_layers": [1]}, {**old_report, "per_layer_mse": [0.25, None]},
+                                   "listed")  # a report older than softmax_layers, null for the softmax layer
+    at = open_page("views/layers.py")
+    widget(at, "multiselect", "layers_compare").set_value([auto, listed]).run()
+    assert not at.exception
+    table = at.dataframe[0].value.set_index("job")
+    assert table.loc[f"#{auto} auto", "softmax layers"] == "0"
+    assert table.loc[f"#{listed} listed", "softmax layers"] == "1"
+    assert table.loc[f"#{auto} auto", "mean layer MSE"] == pytest.approx(0.375)  # the converted layer only
+    assert table.loc[f"#{listed} listed", "mean layer MSE"] == pytest.approx(0.25)
+    (grouped,) = [f for f in plotly_figures(at) if len(f["data"]) == 2 and f["data"][0].get("type") == "bar"]
+    assert [list(t["text"]) for t in grouped["data"]] == [["softmax", ""], ["", "softmax"]]
 
 
 def test_empty_state(fresh_ws):

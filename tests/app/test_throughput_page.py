@@ -8,6 +8,7 @@ from app import bench_results
 from jobs import api, store
 from jobs.db import open_db
 from tests.app.apptest import button, open_page, plotly_figures, texts, widget
+from tests.app.seed import tiny_convert_config
 
 
 def _finished_job(ws, report: dict, kind: str = "benchmark") -> int:
@@ -102,6 +103,27 @@ def test_launch_a_benchmark_from_the_page(fresh_ws):
     cfg = jobs[0].config
     assert (cfg["batch_sizes"], cfg["prompt_lengths"], cfg["gen_lengths"]) == ([1, 2], [64, 128], [8])
     assert f"Queued benchmark job #{jobs[0].id}." in texts(at)
+
+
+def test_benchmark_of_an_auto_conversion_gets_the_chosen_layers(fresh_ws):
+    config = tiny_convert_config(attention={"softmax_layers": "auto", "softmax_budget": 1})
+    db = open_db(fresh_ws)
+    conversion = api.submit_job("convert", config, name="auto", workspace=fresh_ws).id
+    run = fresh_ws / "runs" / str(conversion)  # what the conversions picker needs: a loadable run folder
+    (run / "stage1").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    claim = store.claim_next_job(db, "otherhost:1:1")
+    store.mark_succeeded(db, conversion, claim.attempt, {"softmax_layers": [1], "layer_score": "kl",
+                                                         "layer_scores": [0.5, 0.75]})
+    at = open_page("views/throughput.py")
+    widget(at, "selectbox", "bench_source").set_value(conversion).run()
+    button(at, "bench_submit").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    (bench,) = api.list_jobs(kind="benchmark", workspace=fresh_ws)
+    linearize = bench.config["linearize"]
+    assert linearize["softmax_layers"] == [1]
+    assert (linearize["feature_dim"], linearize["window_size"]) == (config["attention"]["feature_dim"],
+                                                                     config["attention"]["window_size"])
 
 
 def test_benchmark_settings_errors_are_shown(fresh_ws):
