@@ -36,6 +36,7 @@ PAGES = {  # page scripts, relative to app/streamlit_app.py
     "jobs": "views/jobs.py",
     "layers": "views/layers.py",
     "evaluation": "views/evaluation.py",
+    "budgets": "views/budgets.py",
     "attention": "views/attention.py",
     "throughput": "views/throughput.py",
     "chat": "views/chat.py",

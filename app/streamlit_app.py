@@ -20,6 +20,7 @@ pages = {
         st.Page("views/jobs.py", title="Jobs", icon=":material/list:"),
         st.Page("views/layers.py", title="Layers", icon=":material/stacked_line_chart:"),
         st.Page("views/evaluation.py", title="Evaluation", icon=":material/fact_check:"),
+        st.Page("views/budgets.py", title="Budgets", icon=":material/tune:"),
     ],
     "Inspect": [
         st.Page("views/attention.py", title="Attention", icon=":material/grid_on:"),
