@@ -14,7 +14,8 @@ with its own K worst layers, so it only runs stage 2 and the evaluation. Each ro
   (:func:`core.bench.capacity.measure_batch`); the teacher is measured the same way for reference.
 
 Writes ``budgets.json`` (the result), ``budgets.md`` (the table) and ``budgets.html`` (the plot) in
-the output folder; a stopped sweep resumes run by run.
+the output folder; a stopped sweep resumes run by run, and a budget whose run finished is read
+back from its ``report.json``.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from core.bench.memory import peak_tracker, weight_bytes
 from core.config import ConvertConfig
 from core.eval.layer_scores import worst_layers
 from core.io import atomic_write_json
-from core.pipeline.convert import run_convert
+from core.pipeline.convert import REPORT_FILE, run_convert
 from core.pipeline.budget_spec import BudgetSweepConfig, budget_config
 from core.pipeline.budget_table import markdown_table, tradeoff_figure
-from core.pipeline.prelude import load_teacher
+from core.pipeline.prelude import CONFIG_FILE, load_teacher, prepare_run_dir
 from core.pipeline.softmax_choice import CHOICE_FILE, saved_choice
 from core.progress import NullProgress, ProgressCallback
 
@@ -91,6 +92,11 @@ def run_budget_sweep(config: BudgetSweepConfig, output: str | Path, progress: Pr
         progress.on_log(f"softmax budget {k}: {run}")
         if k != config.budgets[0]:
             _seed_from(first, run, k)
+        finished = run / REPORT_FILE
+        if resume and finished.is_file() and (run / CONFIG_FILE).is_file():  # a finished budget is not re-evaluated
+            prepare_run_dir(budget_config(config.base, k), run, resume=True)  # refuses a changed config
+            reports[k] = json.loads(finished.read_text())
+            continue
         reports[k] = run_convert(budget_config(config.base, k), run, progress, resume=resume, workspace=workspace)
     progress.on_log(f"decode cost at {config.context} tokens of context, batch 1")
     teacher, _ = load_teacher(config.base, workspace)

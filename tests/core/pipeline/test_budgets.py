@@ -7,7 +7,7 @@ import pytest
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from core.config import preset
+from core.config import ConfigError, preset
 from core.pipeline.budget_spec import BudgetSweepConfig
 from core.pipeline.budgets import run_budget_sweep
 from core.progress import RecordingProgress
@@ -85,3 +85,15 @@ def test_the_job_kind_checks_the_largest_budget_against_the_model(workspace):
     assert ok["budgets"] == [0, 1]
     with pytest.raises(ConfigError, match=r"budgets: budget 2 would keep every layer of model .tiny-random-llama. softmax \(2 layers\); use at most 1"):
         kind.validate({"base": preset("tiny-test").model_dump(), "budgets": [0, 2]}, workspace)
+
+
+def test_a_resumed_sweep_reads_finished_budgets_back(sweep, workspace):
+    out, result, _ = sweep
+    config = BudgetSweepConfig(base=preset("tiny-test"), budgets=[0, 1], context=CONTEXT, decode_steps=2)
+    progress = RecordingProgress()
+    again = run_budget_sweep(config, out, progress, resume=True, workspace=workspace)
+    assert not [s for s in progress.steps if s[0] in ("stage1", "stage2", "student_eval")]  # nothing re-run
+    assert [r["student_ppl"] for r in again["rows"]] == [r["student_ppl"] for r in result["rows"]]
+    changed = BudgetSweepConfig(base=preset("tiny-test", stage2={"lr": 0.5}), budgets=[0, 1], context=CONTEXT)
+    with pytest.raises(ConfigError, match="config changed what was trained"):
+        run_budget_sweep(changed, out, RecordingProgress(), resume=True, workspace=workspace)
