@@ -14,11 +14,11 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import streamlit as st
 
-from core.config import PRESET_DESCRIPTIONS
+from core.config import PRESET_DESCRIPTIONS, preset
 from core.workspace import workspace_root
 from jobs import api
 from jobs.db import open_db
@@ -98,24 +98,26 @@ def finished_conversions() -> list[JobInfo]:
     return out
 
 
-def submit_demo() -> JobInfo:
-    """Queue the demo conversion (preset ``cpu-demo``: the bundled model, about 10 minutes on 2 CPU cores)."""
-    from core.config import preset
-
-    return api.submit_job(CONVERT, preset(DEMO_PRESET).model_dump(), name=DEMO_PRESET, **ws())
-
-
 def demo_button(key: str) -> None:
-    """The empty-state call to action: launch the demo conversion, then watch it on the Jobs page."""
+    """The empty-state call to action: queue the demo conversion (the bundled model, about 10 minutes on
+    2 CPU cores), then watch it on the Jobs page."""
     if st.button(f"Launch the demo conversion ({DEMO_PRESET})", key=key, type="primary",
                  help=f"{PRESET_DESCRIPTIONS[DEMO_PRESET]} (bundled, no download; GSM8K, short stages)."):
-        try:
-            job = submit_demo()
-        except (JobsError, ValueError) as exc:
-            st.error(str(exc))
-        else:
-            st.session_state["flash"] = f"Queued the demo conversion as job #{job.id}."
-            st.switch_page(PAGES["jobs"])
+        queue_and_show(CONVERT, preset(DEMO_PRESET).model_dump(), DEMO_PRESET,
+                       lambda job: f"Queued the demo conversion as job #{job.id}.")
+
+
+def queue_and_show(kind: str, config: dict, name: str, flash: Callable[[JobInfo], str]) -> JobInfo | None:
+    """Queue a job and go to the Jobs page with the message ``flash(job)``; a config the job system
+    refuses is shown as an error on this page (returns None)."""
+    try:
+        job = api.submit_job(kind, config, name=name, **ws())
+    except (JobsError, ValueError) as exc:
+        st.error(str(exc))
+        return None
+    st.session_state["flash"] = flash(job)
+    st.switch_page(PAGES["jobs"])
+    return job
 
 
 def show_flash() -> None:

@@ -11,8 +11,6 @@ import streamlit as st
 from app import charts, common
 from core.config import PRESETS, preset
 from core.pipeline.budget_table import tradeoff_figure
-from jobs import api
-from jobs.errors import JobsError
 from jobs.records import JobInfo
 
 BUDGETS = "budgets"  # job kind of a softmax-budget sweep
@@ -38,13 +36,7 @@ def _launch_form(expanded: bool) -> None:
                 st.error(f"Budgets must be whole numbers separated by commas, such as {DEFAULT_BUDGETS}; got {text!r}.")
                 return
             config = {"base": preset(name).model_dump(), "budgets": values, "context": int(context)}
-            try:
-                job = api.submit_job(BUDGETS, config, name=f"budgets-{name}", **common.ws())
-            except (JobsError, ValueError) as exc:
-                st.error(str(exc))
-            else:
-                st.session_state["flash"] = f"Queued budget sweep #{job.id}."
-                st.switch_page(common.PAGES["jobs"])
+            common.queue_and_show(BUDGETS, config, f"budgets-{name}", lambda job: f"Queued budget sweep #{job.id}.")
 
 
 def _table(result: dict) -> pd.DataFrame:

@@ -9,8 +9,6 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, common
-from jobs import api
-from jobs.errors import JobsError
 from jobs.records import JobInfo
 
 EVALUATE = "evaluate"  # job kind of a task evaluation (core.eval.harness.evaluate_tasks)
@@ -49,13 +47,8 @@ def _launch_form(conversions: list[JobInfo], expanded: bool) -> None:
             job = by_id[chosen]
             config = {"run": job.run_dir.relative_to(common.workspace()).as_posix(), "tasks": tasks.strip(),
                       "limit": int(limit) or None}
-            try:
-                queued = api.submit_job(EVALUATE, config, name=f"eval-{job.id}", **common.ws())
-            except (JobsError, ValueError) as exc:
-                st.error(str(exc))
-            else:
-                st.session_state["flash"] = f"Queued evaluation job #{queued.id} of conversion #{job.id}."
-                st.switch_page(common.PAGES["jobs"])
+            common.queue_and_show(EVALUATE, config, f"eval-{job.id}",
+                                  lambda queued: f"Queued evaluation job #{queued.id} of conversion #{job.id}.")
 
 
 def _active() -> None:

@@ -48,12 +48,16 @@ def _masked_sum(values: torch.Tensor, mask: torch.Tensor | None) -> tuple[float,
     return float((values * m).sum()), float(m.sum())
 
 
+def _converted(model: nn.Module) -> tuple[nn.Module, dict[int, nn.Module], torch.device]:
+    """The model without its LoRA wrapper, its converted layers by index, and its device."""
+    inner = base_model(model)
+    return inner, lolcats_modules(inner), next(inner.parameters()).device
+
+
 @torch.no_grad()
 def mse_scores(model: nn.Module, blocks: Batch, n_blocks: int) -> dict[int, float]:
     """Normalised attention-output MSE of every converted layer (see the module docstring)."""
-    inner = base_model(model)
-    modules = lolcats_modules(inner)
-    device = next(inner.parameters()).device
+    inner, modules, device = _converted(model)
     err = dict.fromkeys(modules, 0.0)
     spread = dict.fromkeys(modules, 0.0)
     set_mode(inner, "distill")
@@ -81,9 +85,7 @@ def _next_token_logprobs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor
 @torch.no_grad()
 def kl_scores(model: nn.Module, blocks: Batch, n_blocks: int) -> dict[int, float]:
     """Next-token KL to the teacher with only one converted layer linear (see the module docstring)."""
-    inner = base_model(model)
-    modules = lolcats_modules(inner)
-    device = next(inner.parameters()).device
+    inner, modules, device = _converted(model)
     total = dict.fromkeys(modules, 0.0)
     count = 0.0
     try:
