@@ -54,13 +54,18 @@ def sliding_layers(text_config, num_layers: int) -> set[int]:
     return set(range(num_layers)) if getattr(text_config, "sliding_window", None) else set()
 
 
+def _listed_softmax_layers(spec) -> list[int]:
+    """The layers ``spec`` names as softmax; none yet when it says ``"auto"`` (chosen after stage 1)."""
+    return [] if spec.softmax_layers == "auto" else list(spec.softmax_layers)
+
+
 def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     """Convert ``model`` in place and return it (see the module docstring); ``model.lolcats_config`` keeps ``spec``."""
     check_supported(model)
     if is_linearized(model):
         raise ConfigError("model is already linearized; load a fresh base model to convert it again")
     layers = decoder_layers(model)
-    listed = [] if spec.softmax_layers == "auto" else list(spec.softmax_layers)
+    listed = _listed_softmax_layers(spec)
     bad = [i for i in listed if not 0 <= i < len(layers)]
     if bad:
         raise ConfigError(f"softmax_layers {bad} out of range: the model has {len(layers)} layers (0..{len(layers) - 1})")
@@ -115,7 +120,7 @@ def restore_softmax(model: nn.Module, layers: list[int]) -> None:
     for i in layers:
         decoder[i].self_attn = model.lolcats_originals.pop(i)
     spec = model.lolcats_config
-    listed = [] if spec.softmax_layers == "auto" else list(spec.softmax_layers)
+    listed = _listed_softmax_layers(spec)
     model.lolcats_config = spec.model_copy(update={"softmax_layers": sorted({*listed, *layers}), "softmax_budget": None})
 
 

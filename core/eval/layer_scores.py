@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.attention.surgery import lolcats_modules, set_mode
+from core.train.finetune_lora import token_kl
 from core.train.lora import base_model
 
 Batch = dict[str, torch.Tensor]
@@ -96,8 +97,7 @@ def kl_scores(model: nn.Module, blocks: Batch, n_blocks: int) -> dict[int, float
                 m.mode = "student"
                 student = _next_token_logprobs(inner, ids, mask)
                 m.mode = "teacher"
-                kl = (teacher.exp() * (teacher - student)).sum(-1)  # [B, L]
-                total[i] += _masked_sum(kl, mask)[0]
+                total[i] += _masked_sum(token_kl(teacher, student), mask)[0]
             count += _masked_sum(torch.ones(ids.shape, device=device), mask)[1]
     finally:
         set_mode(inner, "student")

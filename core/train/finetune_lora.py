@@ -50,6 +50,11 @@ def label_nll(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
     return logits_nll(_logits(model, batch), batch["labels"])
 
 
+def token_kl(teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor) -> torch.Tensor:
+    """KL(p_teacher || p_student) at every position, [B, L], from log-probabilities [B, L, V]."""
+    return (teacher_logprobs.exp() * (teacher_logprobs - student_logprobs)).sum(-1)
+
+
 def kl_and_logits(model: nn.Module, batch: Batch, forward: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean over real tokens of KL(p_teacher || p_student) at every position (see the module
     docstring), and the student's logits; ``forward`` (default ``model``) computes the student,
@@ -63,8 +68,7 @@ def kl_and_logits(model: nn.Module, batch: Batch, forward: nn.Module | None = No
         finally:
             set_mode(inner, "student")
     logits = _logits(forward or model, batch)
-    student = F.log_softmax(logits.float(), dim=-1)
-    kl = (teacher.exp() * (teacher - student)).sum(-1)  # [B, L]
+    kl = token_kl(teacher, F.log_softmax(logits.float(), dim=-1))  # [B, L]
     mask = batch.get("attention_mask")
     if mask is None:
         return kl.mean(), logits
