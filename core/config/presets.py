@@ -6,14 +6,17 @@ Plain data (torch-free), so the job system and the UI can list them without load
 from core.config.constants import GEMMA3_MODEL, TINY_MODEL
 from core.config.tree import deep_merge
 
-# The bundled model on 2 CPU cores in about 12 minutes. Measured on it (benchmarks/results/recipe-cpu.md):
-# many one-block attention-transfer updates, and LoRA distilled from the teacher (KL) at a higher lr,
-# bring the student closest to its teacher; a distilled LoRA step costs a teacher and a student
-# pass over the LM head, so stage 2 takes 40 one-block steps to stay within 15 minutes.
+# The bundled model on 2 CPU cores in about 11 minutes (10.6 measured alone with `softmax_layers: auto`).
+# Measured on it (benchmarks/results/recipe-cpu.md): many one-block attention-transfer updates, then
+# LoRA (on the MLPs too) and the feature maps distilled from the teacher (KL) at a higher lr, bring the
+# student closest to its teacher; the steps fill the 15 minutes with a margin (stage 1 about 0.5 s a
+# step, a distilled step about 2 s).
 _CPU_DEMO: dict = {
     "data": {"seq_len": 256, "val_examples": 64, "max_examples": 1000},
-    "stage1": {"steps": 200, "grad_accum": 1, "eval_every": 25, "eval_blocks": 4},
-    "stage2": {"steps": 40, "grad_accum": 1, "lr": 3e-3, "loss": "kl", "eval_every": 10, "eval_blocks": 4},
+    "stage1": {"steps": 600, "grad_accum": 1, "eval_every": 50, "eval_blocks": 4},
+    "stage2": {"steps": 160, "grad_accum": 1, "lr": 3e-3, "loss": "kl", "eval_every": 20, "eval_blocks": 4,
+               "rank": 16, "alpha": 32.0, "train_feature_maps": True,
+               "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
     "eval": {"ppl_blocks": 8, "mse_blocks": 2, "passkey_lengths": [128, 256], "passkey_depths": [0.2, 0.8],
              "passkey_trials": 1, "samples": 2, "max_new_tokens": 24},
 }
@@ -49,7 +52,7 @@ PRESETS: dict[str, dict] = {
 
 PRESET_DESCRIPTIONS: dict[str, str] = {  # one line each, for CLI help, the job list and the Launch page
     "paper-8b": "the paper's Llama 3 8B recipe (GPU and hub access needed)",
-    "cpu-demo": "the bundled SmolLM2-135M on CPU in about 12 minutes",
+    "cpu-demo": "the bundled SmolLM2-135M on CPU in about 11 minutes",
     "cpu-demo-gemma3": "the bundled Gemma 3 270M on CPU in about 10 minutes (its 3 global layers converted)",
     "tiny-test": "a 2-layer random Llama with the bundled tokenizer: seconds",
 }
