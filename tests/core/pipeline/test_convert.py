@@ -12,9 +12,10 @@ from core.models import ModelLoadError
 from core.pipeline.convert import run_convert
 from core.pipeline.runs import export, load_converted
 from core.progress import RecordingProgress, StopRequested
-from core.train.checkpoint import CheckpointError
+from core.train.checkpoint import CheckpointError, load_checkpoint
 from core.train.loop import OutOfMemory
 from core.train.lora import LoraTargetError
+from tests.tiny_runs import convert_tiny
 
 
 def logits_of(model, ids):
@@ -182,3 +183,30 @@ def test_out_of_memory_is_reported_with_a_hint(workspace, tmp_path, monkeypatch)
 def test_config_errors_name_the_field(data, message):
     with pytest.raises(ConfigError, match=message):
         build_config(data)
+
+
+def _maps(named) -> dict[str, torch.Tensor]:
+    """Feature-map and mixing tensors keyed from ``layers.`` on, whatever wrapper prefixes the names."""
+    return {name[name.index("layers."):]: t.detach().clone() for name, t in named
+            if ".feature_map_" in name or name.endswith(".mix")}
+
+
+def test_stage2_trains_mlp_adapters_and_feature_maps_and_keeps_them(workspace, tmp_path):
+    """cpu-demo's stage 2: LoRA on the MLPs too and the feature maps trained (distilled from the teacher);
+    the trained maps are what a loaded run and its export compute with."""
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    out, _ = convert_tiny(workspace, "stage2-maps", stage2={"loss": "kl", "train_feature_maps": True,
+                                                            "target_modules": targets, "lr": 1e-2})
+    stage2 = load_checkpoint(out / "stage2" / "best")[0]
+    assert any("gate_proj.lora_A" in k for k in stage2) and any("down_proj.lora_B" in k for k in stage2)
+    after_stage1 = _maps(load_checkpoint(out / "stage1" / "best")[0].items())
+    model, _, _ = load_converted(out, device="cpu", workspace=workspace)
+    loaded = _maps(model.named_parameters())
+    assert set(loaded) == set(after_stage1) and loaded
+    moved = [k for k in loaded if not torch.equal(loaded[k], after_stage1[k])]
+    assert moved, "stage 2 left every feature map as stage 1 trained it"
+    merged, _, _ = load_converted(export(out, tmp_path / "export", workspace=workspace), device="cpu",
+                                  workspace=workspace)
+    assert all(torch.equal(v, loaded[k]) for k, v in _maps(merged.named_parameters()).items())
+    ref, got = logits_of(model, IDS), logits_of(merged, IDS)
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-5
