@@ -8,15 +8,12 @@ from core.config.tree import deep_merge
 
 # The bundled model on 2 CPU cores in about 11 minutes (10.6 measured alone with `softmax_layers: auto`).
 # Measured on it (benchmarks/results/recipe-cpu.md): many one-block attention-transfer updates, then
-# LoRA (on the MLPs too) and the feature maps distilled from the teacher (KL) at a higher lr, bring the
-# student closest to its teacher; the steps fill the 15 minutes with a margin (stage 1 about 0.5 s a
-# step, a distilled step about 2 s).
+# LoRA distilled from the teacher (KL) at a higher lr, bring the student closest to its teacher; the
+# steps fill the 15 minutes with a margin (stage 1 about 0.5 s a step, a distilled LoRA step 1.7 s).
 _CPU_DEMO: dict = {
     "data": {"seq_len": 256, "val_examples": 64, "max_examples": 1000},
     "stage1": {"steps": 600, "grad_accum": 1, "eval_every": 50, "eval_blocks": 4},
-    "stage2": {"steps": 160, "grad_accum": 1, "lr": 3e-3, "loss": "kl", "eval_every": 20, "eval_blocks": 4,
-               "rank": 16, "alpha": 32.0, "train_feature_maps": True,
-               "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
+    "stage2": {"steps": 160, "grad_accum": 1, "lr": 3e-3, "loss": "kl", "eval_every": 20, "eval_blocks": 4},
     "eval": {"ppl_blocks": 8, "mse_blocks": 2, "passkey_lengths": [128, 256], "passkey_depths": [0.2, 0.8],
              "passkey_trials": 1, "samples": 2, "max_new_tokens": 24},
 }
