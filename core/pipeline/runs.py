@@ -130,7 +130,7 @@ def _load_base_architecture(path: Path) -> tuple[nn.Module, object]:
                               "export the run again with `lolcats export`") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
-    unexpected = sorted(k for k in loading["unexpected_keys"] if not _is_lolcats_tensor(k))
+    unexpected = sorted(k for k in loading["unexpected_keys"] if not is_lolcats_tensor(k))
     if loading["missing_keys"] or unexpected:
         raise CheckpointError(f"{path} does not hold the weights its config.json describes (missing: "
                               f"{sorted(loading['missing_keys'])[:5]}, unexpected: {unexpected[:5]}); "
@@ -138,7 +138,7 @@ def _load_base_architecture(path: Path) -> tuple[nn.Module, object]:
     return model, tokenizer
 
 
-def _is_lolcats_tensor(name: str) -> bool:
+def is_lolcats_tensor(name: str) -> bool:
     """Feature-map weights and mixing factors: the tensors conversion adds to a layer."""
     return ".feature_map_" in name or name.endswith(".mix")
 
@@ -152,7 +152,7 @@ def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object,
     linearize(model, AttentionSpec.model_validate(saved))
     extras = {}
     for file in sorted(path.glob("*.safetensors")):
-        extras.update({k: v for k, v in load_file(str(file)).items() if _is_lolcats_tensor(k)})
+        extras.update({k: v for k, v in load_file(str(file)).items() if is_lolcats_tensor(k)})
     if not extras:
         raise CheckpointError(f"{path} has no feature-map tensors; was it exported by `lolcats export`?")
     load_trainable(model, extras, f"exported model {path}")

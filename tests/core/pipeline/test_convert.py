@@ -10,7 +10,7 @@ from core.config import ConfigError, build_config, preset
 from core.data import DataError
 from core.models import ModelLoadError
 from core.pipeline.convert import run_convert
-from core.pipeline.runs import export, load_converted
+from core.pipeline.runs import export, is_lolcats_tensor, load_converted
 from core.progress import RecordingProgress, StopRequested
 from core.train.checkpoint import CheckpointError, load_checkpoint
 from core.train.loop import OutOfMemory
@@ -187,13 +187,12 @@ def test_config_errors_name_the_field(data, message):
 
 def _maps(named) -> dict[str, torch.Tensor]:
     """Feature-map and mixing tensors keyed from ``layers.`` on, whatever wrapper prefixes the names."""
-    return {name[name.index("layers."):]: t.detach().clone() for name, t in named
-            if ".feature_map_" in name or name.endswith(".mix")}
+    return {name[name.index("layers."):]: t.detach().clone() for name, t in named if is_lolcats_tensor(name)}
 
 
 def test_stage2_trains_mlp_adapters_and_feature_maps_and_keeps_them(workspace, tmp_path):
-    """cpu-demo's stage 2: LoRA on the MLPs too and the feature maps trained (distilled from the teacher);
-    the trained maps are what a loaded run and its export compute with."""
+    """Stage 2 with LoRA on the MLPs too and the feature maps trained (distilled from the teacher): the
+    trained maps are what a loaded run and its export compute with."""
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     out, _ = convert_tiny(workspace, "stage2-maps", stage2={"loss": "kl", "train_feature_maps": True,
                                                             "target_modules": targets, "lr": 1e-2})
@@ -207,6 +206,7 @@ def test_stage2_trains_mlp_adapters_and_feature_maps_and_keeps_them(workspace, t
     assert moved, "stage 2 left every feature map as stage 1 trained it"
     merged, _, _ = load_converted(export(out, tmp_path / "export", workspace=workspace), device="cpu",
                                   workspace=workspace)
-    assert all(torch.equal(v, loaded[k]) for k, v in _maps(merged.named_parameters()).items())
+    exported_maps = _maps(merged.named_parameters())
+    assert set(exported_maps) == set(loaded) and all(torch.equal(v, loaded[k]) for k, v in exported_maps.items())
     ref, got = logits_of(model, IDS), logits_of(merged, IDS)
     assert ((got - ref).norm() / ref.norm()).item() < 1e-5
