@@ -18,7 +18,7 @@ from core.lazy import lazy_exports
 _EXPORTS = {
     ".sources": ["BUNDLED_MODEL", "BUNDLED_MODELS", "GEMMA3_MODEL", "BundledModel", "SUPPORTED_ARCHITECTURES", "TINY_MODEL", "ModelLoadError", "ModelSource", "resolve_source"],
     ".config_files": ["check_config", "check_folder", "check_safetensors_file", "check_seq_len", "folder_config", "max_positions", "num_layers", "read_config_json"],
-    ".gguf": ["PROVENANCE_FILE", "bundled_gguf_path", "bundled_model_dir", "check_gguf_file", "gguf_cache_dir", "gguf_header_config", "gguf_model_type", "materialize_gguf", "read_gguf_metadata"],
+    ".gguf": ["PROVENANCE_FILE", "bundled_gguf_path", "bundled_model_dir", "bundled_tokenizer", "check_gguf_file", "gguf_cache_dir", "gguf_header_config", "gguf_model_type", "materialize_gguf", "read_gguf_metadata"],
     ".hub": ["cached_hub_config", "hub_offline", "hub_reachable"],
     ".tiny": ["tiny_model_config", "tiny_model_dir"],
     ".loading": ["DTYPES", "load_model", "resolve_device", "resolve_dtype"],

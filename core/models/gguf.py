@@ -302,3 +302,21 @@ def bundled_model_target(workspace: str | os.PathLike | None = None, name: str =
 def bundled_model_dir(workspace: str | os.PathLike | None = None, name: str = BUNDLED_MODEL) -> Path:
     """A bundled model's cached HF folder, created from its GGUF on first use."""
     return cached_gguf_folder(lambda: bundled_gguf_path(name, workspace), bundled_model_target(workspace, name))
+
+
+def bundled_tokenizer(workspace: str | os.PathLike | None = None, name: str = BUNDLED_MODEL):
+    """A bundled model's tokenizer, without materialising its weights: from the cached HF folder
+    when it exists, else straight from the GGUF file (the same tokenizer the folder would hold)."""
+    from transformers import AutoTokenizer  # torch and transformers load here, not on import
+
+    target = bundled_model_target(workspace, name)
+    if _materialised(target):
+        return AutoTokenizer.from_pretrained(target)
+    gguf = bundled_gguf_path(name, workspace)
+    try:
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"transformers could not read the tokenizer of GGUF file {gguf} ({type(exc).__name__}: {exc}); "
+            f"reinstall the bundled model package"
+        ) from exc

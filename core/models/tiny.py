@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from core.models.gguf import bundled_model_dir
+from core.models.gguf import bundled_tokenizer
 from core.models.sources import TINY_MODEL
 from core.workspace import models_dir, workspace_root
 
@@ -36,9 +36,9 @@ def tiny_model_dir(workspace: str | os.PathLike | None = None) -> Path:
     if (target / "config.json").is_file():
         return target
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir(workspace))
+    tokenizer = bundled_tokenizer(workspace)
     config = LlamaConfig(
         vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         **TINY_CONFIG,

@@ -135,3 +135,17 @@ def test_header_config_matches_the_materialised_folder(bundled):
     rope_theta = header.pop("rope_theta")
     assert rope_theta == saved.get("rope_theta", (saved.get("rope_parameters") or {}).get("rope_theta"))
     assert header == {key: saved[key] for key in header}
+
+
+@pytest.mark.slow
+def test_tiny_model_takes_the_bundled_tokenizer_without_its_weights(bundled, tmp_path):
+    from core.models import TINY_MODEL, tiny_model_dir
+    from transformers import AutoTokenizer
+
+    folder = tiny_model_dir(tmp_path)
+    assert [p.name for p in (tmp_path / "models").iterdir()] == [TINY_MODEL]  # no 135M folder written
+    tiny = AutoTokenizer.from_pretrained(folder)
+    _, _, tokenizer = bundled
+    text = "In the beginning God created the heaven and the earth.\n<|im_start|>user"
+    assert tiny(text).input_ids == tokenizer(text).input_ids
+    assert tiny.get_vocab() == tokenizer.get_vocab() and tiny.chat_template == tokenizer.chat_template
