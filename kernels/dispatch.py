@@ -160,12 +160,26 @@ def _signature(kind: str, q: torch.Tensor, q_feat: torch.Tensor) -> tuple:
     return (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype)
 
 
-def hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, *, backend=None):
+def _sinks_backend(device: torch.device, backend: str | None, sinks: int) -> str | None:
+    """``"torch"`` for a whole-sequence call with sink tokens, which the Triton chunk kernels do not
+    implement (an explicit ``triton`` request is refused; the Triton decode step does implement
+    them); None without sinks, for :func:`select_backend` to decide."""
+    if not sinks:
+        return None
+    if requested_backend(backend) == "triton":
+        raise KernelBackendError(f"{ENV_VAR}=triton was requested but the Triton chunk kernels do not implement sink tokens; "
+                                 f"use {ENV_VAR}=torch or auto (the PyTorch form), or attention.sink_tokens=0")
+    return "torch"
+
+
+def hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, sinks=0, *,
+                     backend=None):
     """Hybrid attention through the selected backend; arguments as ``core.attention.hybrid_attention``."""
-    if select_backend(q.device, backend, _signature(kind, q, q_feat)) == "triton":
+    name = _sinks_backend(q.device, backend, sinks) or select_backend(q.device, backend, _signature(kind, q, q_feat))
+    if name == "triton":
         chunk_triton, _ = load_triton()
         return chunk_triton.hybrid_attention_triton(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)
-    return hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)
+    return hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks)
 
 
 def decode_step(

@@ -118,7 +118,11 @@ def _form(problems) -> None:
                  help="hedgehog: [softmax(xW), softmax(-xW)]; t2r: relu(xW + b)")
     c3.number_input("Feature dim", key=P + "feature_dim", step=8, help="hedgehog f (F = 2f); recipe 64")
     c4.number_input("Window", key=P + "window_size", step=16, help="window / tile length; recipe 64")
-    st.text_input("Layers kept as softmax", key=P + "softmax_layers", placeholder="e.g. 0, 15, or auto",
+    c1, c2 = st.columns([3, 1])
+    c2.number_input("Sink tokens", key=P + "sink_tokens", min_value=0, step=1,
+                    help="the first tokens stay in every query's softmax window, never linear (attention sinks); "
+                         "the paper uses 0")
+    c1.text_input("Layers kept as softmax", key=P + "softmax_layers", placeholder="e.g. 0, 15, or auto",
                   help="comma-separated layer indices that keep their original attention (hybrid model), or "
                        f"{forms.AUTO}: after stage 1 every converted layer is scored and the highest-scoring "
                        "ones get their softmax attention back")
@@ -185,6 +189,7 @@ def _panel(config: dict | None, problems: list[tuple[str, str]]) -> None:
             m, a, s1, s2 = config["model"], config["attention"], config["stage1"], config["stage2"]
             st.success("The config is valid.", icon=":material/check_circle:")
             window = "" if a["kind"] == "linear" else f", window {a['window_size']}"
+            window += f", {a['sink_tokens']} sink tokens" if a.get("sink_tokens") else ""
             softmax = _softmax_summary(a)
             st.markdown(
                 f"- model **{m['source']}** ({m['dtype']}, {m['device']})\n"

@@ -7,7 +7,8 @@ the tests; for query n (``kernels/hybrid/chunk_torch.py``, docs/kernels.md)
           / (sum_{j in W(n)} g_h exp(q_n.k_j/sqrt(d) - c_n)   + phi_q(q_n)^T z_hist(n))
 
 with g_h = sigmoid(mix_h), c_n the window max, one joint normaliser and the linear term not
-rescaled by exp(-c_n) (paper Eq. 6).
+rescaled by exp(-c_n) (paper Eq. 6). Optional sink tokens: the first s keys stay in W(n) for every
+later query and out of the history (``kernels/hybrid/window.py``).
 
 Implementation: ``kernels.dispatch.hybrid_attention`` (the Triton kernels for CUDA tensors, the
 PyTorch form elsewhere; ``LOLCATS_KERNELS`` = ``auto``, ``triton`` or ``torch`` forces either).
@@ -18,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from kernels import dispatch
-from kernels.hybrid.window import KINDS
+from kernels.hybrid.window import KINDS, check_sinks
 
 __all__ = ["KINDS", "hybrid_attention", "check_kind"]
 
@@ -40,6 +41,7 @@ def hybrid_attention(
     window_size: int = 64,
     attention_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    sinks: int = 0,
 ) -> torch.Tensor:
     """LoLCATs linear / sliding-window / terraced hybrid attention (causal).
 
@@ -56,6 +58,8 @@ def hybrid_attention(
             nothing; outputs at padded queries are unspecified (finite). Window and tile
             positions count from each row's first real token. Default: ``None`` (no padding).
         scale: score scale; default ``d ** -0.5``.
+        sinks: s, the sink tokens: keys at positions < s stay in the softmax part for every later
+            query and never enter the linear history (not with ``linear``). Default: 0.
 
     Returns:
         ``[B, H, L, d]`` in the dtype of ``q`` (accumulation in float32).
@@ -79,4 +83,5 @@ def hybrid_attention(
         raise ValueError(f"window_size must be >= 1, got {window_size}")
     if attention_mask is not None and attention_mask.shape != (B, L):
         raise ValueError(f"attention_mask must be [B, L] = [{B}, {L}]; got {tuple(attention_mask.shape)}")
-    return dispatch.hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)
+    check_sinks(kind, sinks)
+    return dispatch.hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks)

@@ -50,7 +50,8 @@ def attention_maps(model: nn.Module, input_ids: torch.Tensor, layer_idx: int) ->
         q, k, _ = attn.project(captured["hidden"], captured["pos"])
         qf, kf = attn.features(q, k)
         teacher = softmax_attention_matrix(q, k, attn.scaling)
-        student = hybrid_attention_matrix(q, k, qf, kf, attn.mix, attn.kind, attn.window_size, attn.scaling)
+        student = hybrid_attention_matrix(q, k, qf, kf, attn.mix, attn.kind, attn.window_size, attn.scaling,
+                                           sinks=attn.sink_tokens)
         return AttentionMaps(teacher[0].cpu(), student[0].cpu(), True)
     q, k = _softmax_qk(attn, captured["hidden"], captured["pos"])
     teacher = softmax_attention_matrix(q, k, attn.scaling)[0].cpu()

@@ -7,6 +7,8 @@ LoLCATs attention (see :func:`core.attention.hybrid_attention`):
     y_n = (sum_{j in W(n)} g_h exp(q_n.k_j/sqrt(d) - c_n) v_j + phi_q(q_n)^T sum_{j in Hist(n)} phi_k(k_j) v_j^T)
           / (sum_{j in W(n)} g_h exp(q_n.k_j/sqrt(d) - c_n)  + phi_q(q_n)^T sum_{j in Hist(n)} phi_k(k_j))
 
+(W(n) holds the first ``sink_tokens`` keys as well, for every later query.)
+
 Modes (``module.mode``):
   * ``"student"``: LoLCATs attention (the converted model);
   * ``"teacher"``: the original softmax attention through the model's attention interface (with
@@ -72,6 +74,7 @@ class LolcatsAttention(nn.Module):
         num_heads: int,
         num_kv_heads: int,
         padding: PaddingMask,
+        sink_tokens: int = 0,
     ):
         super().__init__()
         for name in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
@@ -86,7 +89,7 @@ class LolcatsAttention(nn.Module):
         self.attention_dropout = 0.0
         self.is_causal = True
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.kind, self.window_size = kind, window_size
+        self.kind, self.window_size, self.sink_tokens = kind, window_size, sink_tokens
         device = base.q_proj.weight.device
         self.feature_map_q = build_feature_map(feature_map, num_heads, self.head_dim, feature_dim, feature_init).to(device)
         self.feature_map_k = build_feature_map(feature_map, num_heads, self.head_dim, feature_dim, feature_init).to(device)
@@ -98,7 +101,8 @@ class LolcatsAttention(nn.Module):
         self.distill_qk: tuple[torch.Tensor, ...] | None = None
 
     def extra_repr(self) -> str:
-        return f"kind={self.kind}, window_size={self.window_size}, heads={self.num_heads}/{self.num_kv_heads}"
+        sinks = f", sink_tokens={self.sink_tokens}" if self.sink_tokens else ""
+        return f"kind={self.kind}, window_size={self.window_size}{sinks}, heads={self.num_heads}/{self.num_kv_heads}"
 
     def project(self, hidden_states, position_embeddings):
         """q [B, H, L, d], k and v [B, H_kv, L, d], after the optional q/k norms and RoPE."""
@@ -121,11 +125,12 @@ class LolcatsAttention(nn.Module):
         layer = hybrid_cache_layer(past_key_values, self.layer_idx) if past_key_values is not None else None
         if layer is None or layer.state is None:
             qf, kf = self.features(q, k)
-            y = hybrid_attention(q, k, v, qf, kf, self.mix, self.kind, self.window_size, mask, self.scaling)
+            y = hybrid_attention(q, k, v, qf, kf, self.mix, self.kind, self.window_size, mask, self.scaling,
+                                 self.sink_tokens)
             if layer is not None:
                 B, L = q.shape[0], q.shape[2]
                 m = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
-                layer.state = dispatch.prefill_state(self.kind, self.window_size, k, v, kf, m)
+                layer.state = dispatch.prefill_state(self.kind, self.window_size, k, v, kf, m, self.sink_tokens)
                 layer.is_initialized = True
             return y
         # state present. A chunk of several tokens (a prompt prefilled in chunks) goes through the

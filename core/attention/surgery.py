@@ -94,6 +94,7 @@ def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
             feature_map=spec.feature_map,
             feature_dim=spec.feature_dim,
             window_size=spec.window_size,
+            sink_tokens=spec.sink_tokens,
             init_mix=spec.init_mix,
             feature_init=spec.feature_init,
             num_heads=num_heads,

@@ -76,10 +76,13 @@ def synthetic_cache(model: nn.Module, batch: int, length: int, seed: int = 0) ->
             if K:
                 win_pos[:, tokens % K] = tokens
                 win_valid[:, tokens % K] = tokens >= window_start(attn.kind, attn.window_size, length - 1)
+            s = attn.sink_tokens
+            sinks = (rand((batch, Hkv, s, d)), rand((batch, Hkv, s, d)),
+                     torch.ones(batch, s, dtype=torch.bool, device=device)) if s else ()
             state = HybridState(
                 rand((batch, H, Fd, d), kind=torch.float32), rand((batch, H, Fd), True, torch.float32) + 1.0,
                 rand((batch, Hkv, K, d)), rand((batch, Hkv, K, d)), win_pos, win_valid,
-                torch.zeros(batch, dtype=torch.long, device=device), length,
+                torch.zeros(batch, dtype=torch.long, device=device), length, *sinks,
             )
             layers.append(HybridCacheLayer(state))
         else:

@@ -7,10 +7,12 @@ from core.config.constants import GEMMA3_MODEL, TINY_MODEL
 from core.config.tree import deep_merge
 
 # The bundled model on 2 CPU cores in about 11 minutes (10.6 measured alone with `softmax_layers: auto`).
-# Measured on it (benchmarks/results/recipe-cpu.md): many one-block attention-transfer updates, then
-# LoRA distilled from the teacher (KL) at a higher lr, bring the student closest to its teacher; the
-# steps fill the 15 minutes with a margin (stage 1 about 0.5 s a step, a distilled LoRA step 1.7 s).
+# Measured on it (benchmarks/results/recipe-cpu.md): 4 sink tokens kept softmax (the largest single
+# gain: SmolLM2 parks up to 64 % of a late layer's attention on the first token), many one-block
+# attention-transfer updates, then LoRA distilled from the teacher (KL) at a higher lr; the steps fill
+# the 15 minutes with a margin (stage 1 about 0.5 s a step, a distilled LoRA step 1.7 s).
 _CPU_DEMO: dict = {
+    "attention": {"sink_tokens": 4},
     "data": {"seq_len": 256, "val_examples": 64, "max_examples": 1000},
     "stage1": {"steps": 600, "grad_accum": 1, "eval_every": 50, "eval_blocks": 4},
     "stage2": {"steps": 160, "grad_accum": 1, "lr": 3e-3, "loss": "kl", "eval_every": 20, "eval_blocks": 4},
@@ -28,10 +30,10 @@ PRESETS: dict[str, dict] = {
     # Gemma 3 270M (bundled, offline) on 2 CPU cores: cpu-demo's data and evaluation with shorter
     # stages and answer-token LoRA (its 262k-token vocabulary makes every LM-head pass costly, a
     # teacher pass for distillation too); its own local sliding-window layers stay softmax and its
-    # 3 global layers are converted (docs/models.md has the numbers).
+    # 3 global layers are converted, without sink tokens (docs/models.md has the numbers).
     "cpu-demo-gemma3": deep_merge(_CPU_DEMO, {
         "model": {"source": GEMMA3_MODEL},
-        "attention": {"keep_sliding_layers": True},
+        "attention": {"keep_sliding_layers": True, "sink_tokens": 0},
         "stage1": {"steps": 30, "grad_accum": 2, "eval_every": 10},
         "stage2": {"steps": 16, "grad_accum": 2, "lr": 1e-3, "loss": "xent", "eval_every": 8},
     }),

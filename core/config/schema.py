@@ -70,6 +70,8 @@ class AttentionSpec(_Spec):
     feature_map: str = "hedgehog"  # hedgehog | t2r
     feature_dim: int = 64  # hedgehog: f (F = 2f); t2r: F
     window_size: int = 64  # sliding window length / terraced tile length
+    # the first sink_tokens keys of a sequence stay softmax for every later query, never linear (0: the paper's)
+    sink_tokens: int = Field(0, ge=0)
     # layer indices kept as softmax attention (stored sorted), or "auto": after attention transfer the
     # softmax_budget layers whose linearization costs most by softmax_score stay softmax
     softmax_layers: list[int] | Literal["auto"] = []
@@ -119,6 +121,12 @@ class AttentionSpec(_Spec):
         if not auto and self.softmax_budget is not None:
             raise ValueError(f"softmax_budget is read only with softmax_layers 'auto' (got softmax_layers "
                              f"{self.softmax_layers}); set softmax_layers=auto or drop softmax_budget")
+        return self
+
+    @model_validator(mode="after")
+    def _sinks_need_a_window(self):
+        if self.sink_tokens and self.kind == "linear":
+            raise ValueError("sink_tokens need a softmax part: use kind sliding_window or terraced, or sink_tokens 0")
         return self
 
 

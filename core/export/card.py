@@ -104,7 +104,8 @@ def model_card(run_dir: Path, base: dict, spec: dict, folder_name: str) -> str:
              "", "Softmax attention replaced by LoLCATs attention (sliding-window / terraced softmax plus linear attention "
              "with learned feature maps, one normaliser), trained by attention transfer and LoRA, then merged.", "",
              "## Conversion", "", "| setting | value |", "| --- | --- |",
-             f"| attention kind | {spec['kind']} (window {spec['window_size']}) |",
+             f"| attention kind | {spec['kind']} (window {spec['window_size']}, "
+             f"{spec.get('sink_tokens', 0)} sink tokens) |",
              f"| feature map | {spec['feature_map']}, feature_dim {spec['feature_dim']}, init {spec['feature_init']} |",
              f"| softmax layers kept | {spec['softmax_layers'] or 'none'} |",
              f"| stage 1 (attention transfer) | {_stage(config.stage1)} |",

@@ -20,6 +20,8 @@ and the caller steps through the chunk token by token.
 
 The new state folds X's real keys below the window of the chunk's last token into S, z and keeps
 the last K tokens of X as the ring, exactly what token-by-token decoding leaves (docs/kernels.md).
+Sink tokens (positions < s) are never folded: the chunk's own are stored in the sink cache first,
+and every query reads the cached ones below its window as extra softmax keys.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from kernels.hybrid.chunk_torch import hybrid_terms_torch, normalise
-from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_keys
+from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_keys, visible_sinks
 from kernels.hybrid.window import window_start
 
 
@@ -64,15 +66,22 @@ def prefill_chunk(
     kfx = torch.cat([key_features(state.win_k[:, :, slots]).to(k_feat.dtype), k_feat], dim=2) if K else k_feat
     qx = torch.cat([q.new_zeros(B, H, K, d), q], dim=2)  # the ring's queries are computed and dropped
     qfx = torch.cat([q_feat.new_zeros(B, H, K, q_feat.shape[-1]), q_feat], dim=2)
-    t = hybrid_terms_torch(qx, kx, vx, qfx, kfx, mix, kind, w, maskx, scale)[:, :, K:]
+    pos = torch.where(first[:, None] >= 0, index[None, :] - first[:, None], torch.full_like(maskx, -1, dtype=torch.long))
+    sinks, sink = state.sinks, (state.sink_k, state.sink_v, state.sink_valid)
+    sink_keys = None
+    if sinks:
+        sink = _store_sinks(sink, k, v, pos[:, K:], mask)
+        kfx = kfx * (pos >= sinks)[:, None, :, None].to(kfx.dtype)  # sink keys never enter the history
+        sink_keys = (sink[0], sink[1], visible_sinks(sink[2][:, None, :], kind, w, pos))
+    t = hybrid_terms_torch(qx, kx, vx, qfx, kfx, mix, kind, w, maskx, scale, sink_keys=sink_keys)[:, :, K:]
     qf = q_feat.float()
     t[..., :d] += torch.matmul(qf, state.S)
     t[..., d] += torch.matmul(qf, state.z[..., None])[..., 0]
     y = normalise(t).to(q.dtype)
 
-    pos = torch.where(first[:, None] >= 0, index[None, :] - first[:, None], torch.full_like(maskx, -1, dtype=torch.long))
     last = torch.where(first >= 0, seen + C - 1 - first, torch.full_like(first, -1))
-    fold = maskx & (pos < window_start(kind, w, last)[:, None])
+    inside = maskx & (pos >= window_start(kind, w, last)[:, None])  # the new ring's real keys
+    fold = maskx & ~inside & (pos >= sinks)
     S, z = state.S, state.z
     cols = fold.any(0).nonzero().flatten()
     if cols.numel():
@@ -83,5 +92,18 @@ def prefill_chunk(
     win_k, win_v = torch.empty_like(state.win_k), torch.empty_like(state.win_v)
     win_pos, win_valid = torch.empty_like(state.win_pos), torch.empty_like(state.win_valid)
     win_k[:, :, new_slots], win_v[:, :, new_slots] = kx[:, :, keep], vx[:, :, keep]
-    win_pos[:, new_slots], win_valid[:, new_slots] = pos[:, keep], (maskx & ~fold)[:, keep]
-    return y, HybridState(S, z, win_k, win_v, win_pos, win_valid, first, seen + C)
+    win_pos[:, new_slots], win_valid[:, new_slots] = pos[:, keep], inside[:, keep]
+    return y, HybridState(S, z, win_k, win_v, win_pos, win_valid, first, seen + C, *sink)
+
+
+def _store_sinks(sink, k, v, pos, mask):
+    """The sink cache ``(keys, values, valid)`` after a chunk (k, v ``[B, H_kv, C, d]``, positions
+    ``pos`` and mask ``[B, C]``): each real token at a position < s stored in that slot."""
+    sink_k, sink_v, sink_valid = sink
+    B, Hkv, C, d = k.shape
+    s = sink_valid.shape[1]
+    match = (pos[:, :, None] == torch.arange(s, device=pos.device)) & mask[:, :, None]  # [B, C, s]
+    found = match.any(1)
+    gather = match.long().argmax(1)[:, None, :, None].expand(B, Hkv, s, d)
+    put = found[:, None, :, None]
+    return torch.where(put, k.gather(2, gather), sink_k), torch.where(put, v.gather(2, gather), sink_v), sink_valid | found

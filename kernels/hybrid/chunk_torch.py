@@ -8,6 +8,8 @@ g = sigmoid(mix), window W(n) and history Hist(n) (``kernels.hybrid.window``):
     y_n = (sum_{j in W(n)} g exp(s_nj - c_n) v_j + sum_{j in Hist(n)} (phi_q(q_n).phi_k(k_j)) v_j)
           / (sum_{j in W(n)} g exp(s_nj - c_n)    + sum_{j in Hist(n)}  phi_q(q_n).phi_k(k_j))
 
+With ``sinks`` = s > 0 the keys at positions < s join W(n) for every query n at or after them and
+leave Hist(n) (``kernels.hybrid.window``); c_n is then the max over the window and those keys.
 Positions count from each row's first real token; padded keys contribute nothing. Memory is
 O(L w) for the window part and O(L / C F d) for the linear part; half-precision inputs are
 computed in float32 and the result cast back. How: docs/kernels.md.
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F_
+
+from kernels.hybrid.window import check_sinks, window_start
 
 LINEAR_CHUNK = 64  # chunk length of the causal linear part; any value gives the same result
 
@@ -87,12 +91,15 @@ def _grouped(x: torch.Tensor, Hkv: int) -> torch.Tensor:
     return x.view(x.shape[0], Hkv, x.shape[1] // Hkv, *x.shape[2:])
 
 
-def window_terms(q, k, va, mask, kind: str, w: int, scale: float) -> torch.Tensor:
+def window_terms(q, k, va, mask, kind: str, w: int, scale: float, extra=None) -> torch.Tensor:
     """Softmax window terms [B, H, L, d + 1]: sum_{j in W(n)} exp(s_nj - c_n) [v_j, 1] (not yet times g).
 
     Queries are cut into blocks of w; block i sees key blocks i-1 and i, so scores are
     [B, Hkv, L/w, G w, 2w] (banded, O(L w)); the G query heads of a KV head share one matrix
     product per block. Without autograd the score tensor is reused in place.
+    ``extra``: None, or s further softmax keys every query may see, ``(keys [B, Hkv, s, d],
+    augmented values [B, Hkv, s, d + 1], visible [B, L, s] bool)``, appended to every block's keys
+    (the sink tokens; ``visible`` must exclude a key that the band already holds for that query).
     """
     B, H, L, d = q.shape
     Hkv = k.shape[1]
@@ -112,8 +119,15 @@ def window_terms(q, k, va, mask, kind: str, w: int, scale: float) -> torch.Tenso
     if kind == "sliding_window":
         band = band & (c > r)  # the last w keys
     allowed = band[None, None, None, None] & mb[:, None, :, None, None, :]  # [B, 1, nb, 1, w, 2w]
+    if extra is not None:  # the extra keys after each block's band: [.., 2w + s]
+        ek, ev, visible = extra
+        kb = torch.cat([kb, ek[:, :, None].expand(-1, -1, nb, -1, -1).to(kb.dtype)], dim=3)
+        vb = torch.cat([vb, ev[:, :, None].expand(-1, -1, nb, -1, -1).to(vb.dtype)], dim=3)
+        seen = _tiles(visible[:, None], w)[:, 0].bool()  # [B, nb, w, s]
+        allowed = torch.cat([allowed.expand(B, 1, nb, 1, w, 2 * w), seen[:, None, :, None]], dim=-1)
+    nk = kb.shape[3]
 
-    s = torch.matmul(qb.reshape(B, Hkv, nb, G * w, d), kb.transpose(-1, -2)).view(B, Hkv, nb, G, w, 2 * w)
+    s = torch.matmul(qb.reshape(B, Hkv, nb, G * w, d), kb.transpose(-1, -2)).view(B, Hkv, nb, G, w, nk)
     inplace = not s.requires_grad  # inference: one score buffer, no temporaries of its size
     s = s.masked_fill_(~allowed, float("-inf")) if inplace else s.masked_fill(~allowed, float("-inf"))
     cmax = s.amax(dim=-1, keepdim=True)
@@ -123,7 +137,7 @@ def window_terms(q, k, va, mask, kind: str, w: int, scale: float) -> torch.Tenso
         p = s.sub_(cmax).clamp_(min=EXP_FLOOR).exp_().mul_(allowed)
     else:
         p = torch.exp((s - cmax).clamp(min=EXP_FLOOR)) * allowed
-    out = torch.matmul(p.view(B, Hkv, nb, G * w, 2 * w), vb).view(B, Hkv, nb, G, w, d + 1)
+    out = torch.matmul(p.view(B, Hkv, nb, G * w, nk), vb).view(B, Hkv, nb, G, w, d + 1)
     return out.transpose(2, 3).reshape(B, H, nb * w, d + 1)[:, :, :L]
 
 
@@ -172,25 +186,46 @@ def history_terms(qf, kf, va, tile: int, lag: int, partial: bool) -> torch.Tenso
     return out.view(B, H, nt * tile, d1)[:, :, :L]
 
 
-def hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None) -> torch.Tensor:
+def _sink_split(k, va, kf, mask, kind: str, w: int, sinks: int):
+    """Sink tokens of left-aligned rows (index = position): the window's extra keys (see
+    :func:`window_terms`) and the key features with the sinks left out of the history."""
+    L = k.shape[2]
+    s = min(sinks, L)
+    idx = torch.arange(L, device=k.device)
+    visible = mask[:, None, :s] & (idx[None, :s] < window_start(kind, w, idx)[:, None])[None]  # [B, L, s]
+    return (k[:, :, :s], va[:, :, :s], visible), kf * (idx >= s)[None, None, :, None]
+
+
+def hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, sinks=0,
+                       sink_keys=None) -> torch.Tensor:
     """The op before its normalisation: [B, H, L, d + 1] float32, numerator (first d columns) and
     denominator (last column) of y_n, window terms times g plus history terms (:func:`normalise`
-    divides). Inputs as :func:`hybrid_attention_torch`."""
+    divides). Inputs as :func:`hybrid_attention_torch`; ``sink_keys`` (instead of ``sinks``) gives
+    the sink tokens explicitly, for a chunk whose own first keys are not the sequence's:
+    ``(keys [B, Hkv, s, d], values [B, Hkv, s, d], visible [B, L, s] bool)`` (the caller leaves
+    them out of ``k_feat``)."""
     B, H, L, d = q.shape
     scale = d**-0.5 if scale is None else scale
+    sinks = check_sinks(kind, sinks)
     (q, k, v, qf, kf), mask, shift = left_align(*(t.float() for t in (q, k, v, q_feat, k_feat)), attention_mask)
     if mask is None:
         mask = torch.ones(B, L, dtype=torch.bool, device=q.device)
     else:
         kf = kf * mask[:, None, :, None]  # padded keys leave the history (the window masks them itself)
     va = augment_values(v)
+    extra = None
+    if sink_keys is not None:
+        sk, sv, visible = sink_keys
+        extra = (sk.float(), augment_values(sv.float()), visible if shift is None else _roll_rows(visible, shift, 1))
+    elif sinks:
+        extra, kf = _sink_split(k, va, kf, mask, kind, window_size, sinks)
 
     if kind == "linear":
         t = history_terms(qf, kf, va, LINEAR_CHUNK, lag=1, partial=True)
     else:
         w = window_size
         g = torch.sigmoid(mix.float()).view(1, H, 1, 1)
-        window = window_terms(q, k, va, mask, kind, w, scale)
+        window = window_terms(q, k, va, mask, kind, w, scale, extra)
         history = history_terms(qf, kf, va, w, lag=2, partial=kind == "sliding_window")
         t = window * g + history if window.requires_grad else window.mul_(g).add_(history)
     return restore_rows(t, shift)
@@ -202,6 +237,8 @@ def normalise(t: torch.Tensor) -> torch.Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
 
 
-def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None):
+def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None,
+                           sinks=0):
     """See the module docstring. Inputs are assumed validated (see ``core.attention``)."""
-    return normalise(hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)).to(q.dtype)
+    t = hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks)
+    return normalise(t).to(q.dtype)

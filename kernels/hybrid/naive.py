@@ -1,7 +1,8 @@
 """The quadratic reference form of hybrid attention: full L x L weight matrices (short inputs only).
 
 For query n with s_nj = q_n.k_j * scale, g_h = sigmoid(mix_h), window W(n) and history Hist(n)
-(``window_masks``, from :func:`kernels.hybrid.window.window_start`), the weight of key j is
+(``window_masks``, from :func:`kernels.hybrid.window.window_start`; W(n) also holds the sink
+tokens at positions < s, which Hist(n) never does), the weight of key j is
 
     a_nj = g_h exp(s_nj - c_n) / Z_n          for j in W(n)    (softmax; c_n = max_{j in W(n)} s_nj)
     a_nj = phi_q(q_n).phi_k(k_j) / Z_n        for j in Hist(n) (linear)
@@ -26,15 +27,17 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
     return torch.arange(mask.shape[1], device=mask.device)[None, :] - first[:, None]
 
 
-def window_masks(kind: str, w: int, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def window_masks(kind: str, w: int, mask: torch.Tensor, sinks: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Window and history masks [B, 1, L, L] (query rows, key columns) for the [B, L] key mask:
-    key j is in W(n) when window_start(p_n) <= p_j <= p_n and in Hist(n) when p_j < window_start(p_n)."""
+    key j is in W(n) when p_j <= p_n and (p_j >= window_start(p_n) or p_j < sinks), and in Hist(n)
+    when sinks <= p_j < window_start(p_n)."""
     pos = positions(mask)
     pn, pj = pos[:, :, None], pos[:, None, :]
     start = window_start(kind, w, pn)
     valid = mask.bool()[:, None, :]
-    win = (pj <= pn) & (pj >= start) & valid
-    hist = (pj < start) & valid
+    sink = pj < sinks
+    win = (pj <= pn) & ((pj >= start) | sink) & valid
+    hist = (pj < start) & ~sink & valid
     return win[:, None], hist[:, None]
 
 
@@ -67,12 +70,13 @@ def softmax_attention_matrix(q, k, scale: float, attention_mask: torch.Tensor | 
 
 
 def hybrid_attention_matrix(
-    q, k, q_feat, k_feat, mix, kind: str, window_size: int, scale: float, attention_mask: torch.Tensor | None = None
+    q, k, q_feat, k_feat, mix, kind: str, window_size: int, scale: float, attention_mask: torch.Tensor | None = None,
+    sinks: int = 0,
 ) -> torch.Tensor:
     """Effective hybrid weights a [B, H, L, L] (see the module docstring)."""
     dtype = _compute_dtype(q)
     k = _per_query_head(k, q.shape[1], dtype)
-    win, hist = window_masks(kind, window_size, _key_mask(q, attention_mask))
+    win, hist = window_masks(kind, window_size, _key_mask(q, attention_mask), sinks)
     s = (q.to(dtype) @ k.transpose(-1, -2) * scale).masked_fill(~win, float("-inf"))
     c = s.amax(-1, keepdim=True)
     c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
@@ -82,12 +86,13 @@ def hybrid_attention_matrix(
     return a / torch.where(den > 0, den, torch.ones_like(den))
 
 
-def naive_hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None):
+def naive_hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None,
+                           sinks=0):
     """Hybrid attention [B, H, L, d] in float64 as ``hybrid_attention_matrix @ v`` (0 at queries
     that attend to nothing); arguments as ``kernels.hybrid.chunk_torch.hybrid_attention_torch``."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k, v, qf, kf = (t.double() for t in (q, k, v, q_feat, k_feat))
-    a = hybrid_attention_matrix(q, k, qf, kf, mix.double(), kind, window_size, scale, attention_mask)
+    a = hybrid_attention_matrix(q, k, qf, kf, mix.double(), kind, window_size, scale, attention_mask, sinks)
     return a @ _per_query_head(v, q.shape[1], torch.float64)
 
 

@@ -5,12 +5,16 @@ and ``z [B, H, F]`` = sum phi_k(k_j) (float32, per query head) over the keys tha
 the window cache, a ring of K = window_capacity(kind, w) raw keys and values per KV head
 ``[B, H_kv, K, d]`` with each slot's position and validity ``[B, K]`` (``kernels.hybrid.ring``);
 ``first [B]``, each row's first real token (-1 while it has none), and ``seen``, the tokens so far.
+With s sink tokens, also the sink keys and values ``[B, H_kv, s, d]`` (positions 0..s-1 of each
+row) and which of them a row has seen ``[B, s]``; they never enter S, z.
 
-Invariant after a token at position p: S, z hold exactly the real keys with position
+Invariant after a token at position p: S, z hold exactly the real keys with s <= position
 < window_start(p) and the cache the real keys at or above it. So :func:`prefill_state` after the
 parallel form and :func:`decode_step_torch` token by token build the same state and outputs:
 
     y = (phi_q(q)^T S + g sum_{j in cache} exp(s_j - c) v_j) / (phi_q(q)^T z + g sum_{j in cache} exp(s_j - c))
+
+where the cache's keys are the ring's and, once they have left it, the sink keys.
 """
 
 from __future__ import annotations
@@ -38,13 +42,42 @@ class HybridState:
     win_valid: torch.Tensor  # [B, K] bool
     first: torch.Tensor  # [B] long, -1 = no real token yet
     seen: int
+    sink_k: torch.Tensor | None = None  # [B, H_kv, s, d]: keys at positions 0..s-1 (None: no sinks)
+    sink_v: torch.Tensor | None = None  # [B, H_kv, s, d]
+    sink_valid: torch.Tensor | None = None  # [B, s] bool: the row has seen that position
+
+    @property
+    def sinks(self) -> int:
+        return 0 if self.sink_k is None else self.sink_k.shape[2]
 
     def select(self, index: torch.Tensor) -> "HybridState":
         """Rows ``index`` of the batch (beam reorder, batch selection, repeat)."""
+        sinks = (None,) * 3 if self.sink_k is None else (self.sink_k[index], self.sink_v[index], self.sink_valid[index])
         return HybridState(
             self.S[index], self.z[index], self.win_k[index], self.win_v[index],
-            self.win_pos[index], self.win_valid[index], self.first[index], self.seen,
+            self.win_pos[index], self.win_valid[index], self.first[index], self.seen, *sinks,
         )
+
+
+def sink_cache(k, v, first, mask, sinks: int):
+    """``(sink_k, sink_v, sink_valid)`` of a prompt (k, v ``[B, H_kv, L, d]``, first ``[B]``, mask
+    ``[B, L]``): the keys and values at positions 0..s-1 of each row; all None when s = 0."""
+    if not sinks:
+        return None, None, None
+    B, Hkv, L, d = k.shape
+    index = first[:, None] + torch.arange(sinks, device=k.device)[None, :]  # [B, s]
+    inside = (first[:, None] >= 0) & (index < L)
+    index = index.clamp(0, L - 1)
+    valid = inside & mask.gather(1, index)
+    gather = index[:, None, :, None].expand(B, Hkv, sinks, d)
+    return k.gather(2, gather), v.gather(2, gather), valid
+
+
+def visible_sinks(sink_valid: torch.Tensor, kind: str, w: int, pos: torch.Tensor) -> torch.Tensor:
+    """``[..., s]`` bool: the sink keys a query at ``pos`` ``[...]`` reads from the sink cache
+    (``sink_valid`` ``[..., s]``): seen and below its window (those inside it are still in the ring)."""
+    below = torch.arange(sink_valid.shape[-1], device=pos.device) < window_start(kind, w, pos)[..., None]
+    return sink_valid & below
 
 
 def fold_keys(S, z, k_feat, v, weight):
@@ -65,10 +98,10 @@ def fold_keys(S, z, k_feat, v, weight):
     return S + Sz[..., :d], z + Sz[..., d]
 
 
-def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
+def prefill_state(kind, w, k, v, k_feat, mask, sinks: int = 0) -> HybridState:
     """The state after a parallel forward over a whole prompt (empty state before).
 
-    k, v: [B, H_kv, L, d]; k_feat: [B, H, L, F]; mask: [B, L] bool (1 = token)."""
+    k, v: [B, H_kv, L, d]; k_feat: [B, H, L, F]; mask: [B, L] bool (1 = token); sinks: s."""
     B, Hkv, L, d = k.shape
     H, Fd = k_feat.shape[1], k_feat.shape[-1]
     idx = torch.arange(L, device=k.device)
@@ -76,7 +109,8 @@ def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
     first = torch.where(has, (mask.long().cumsum(-1) == 0).sum(-1), torch.full_like(has, -1, dtype=torch.long))
     pos = idx[None, :] - first[:, None]  # [B, L]
     lb = window_start(kind, w, (L - 1) - first)  # [B]
-    fold = mask & (pos < lb[:, None])
+    inside = mask & (pos >= lb[:, None])  # the window's keys, in the ring
+    fold = mask & ~inside & (pos >= sinks)
     S = torch.zeros(B, H, Fd, d, device=k.device, dtype=torch.float32)
     z = torch.zeros(B, H, Fd, device=k.device, dtype=torch.float32)
     cols = fold.any(0).nonzero().flatten()
@@ -91,8 +125,8 @@ def prefill_state(kind, w, k, v, k_feat, mask) -> HybridState:
         last = torch.arange(max(L - K, 0), L, device=k.device)  # the prompt's last K tokens, into slots j % K
         slots = last % K
         win_k[:, :, slots], win_v[:, :, slots] = k[:, :, last], v[:, :, last]
-        win_pos[:, slots], win_valid[:, slots] = pos[:, last], (mask & ~fold)[:, last]
-    return HybridState(S, z, win_k, win_v, win_pos, win_valid, first, L)
+        win_pos[:, slots], win_valid[:, slots] = pos[:, last], inside[:, last]
+    return HybridState(S, z, win_k, win_v, win_pos, win_valid, first, L, *sink_cache(k, v, first, mask, sinks))
 
 
 def decode_step_torch(
@@ -108,18 +142,40 @@ def decode_step_torch(
     S, z = state.S, state.z
     if kind == "linear":  # no window: the key goes straight into the state
         S, z = fold_keys(S, z, key_features(k), v, valid[:, None])
-    else:  # fold the keys that leave the window, then write the new one into its slot
+    else:  # fold the keys that leave the window (sink keys leave it unfolded), then write the new one into its slot
         fold = leaving(kind, w, state, pos)
         cols = leaving_columns(kind, state, fold)
         if cols.numel():
-            S, z = fold_keys(S, z, key_features(state.win_k[:, :, cols]), state.win_v[:, :, cols], fold[:, cols])
+            S, z = fold_keys(S, z, key_features(state.win_k[:, :, cols]), state.win_v[:, :, cols],
+                             fold_weight(state, fold, cols))
         place_token(state, k, v, pos, valid, fold)
-    win_k, win_v, win_valid = state.win_k, state.win_v, state.win_valid
+    sink, win_k, win_v, win_valid = step_window(state, kind, w, k, v, pos, valid)
 
     windowed = kind != "linear"
     y = compiled.readout(q_feat, q, S, z, win_k if windowed else None, win_v if windowed else None, win_valid, mix, scale)
-    new_state = HybridState(S, z, win_k, win_v, state.win_pos, win_valid, first, state.seen + 1)
+    new_state = HybridState(S, z, state.win_k, state.win_v, state.win_pos, state.win_valid, first, state.seen + 1, *sink)
     return y, new_state
+
+
+def fold_weight(state: HybridState, fold: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """[B, C] 0/1 weight of the leaving keys in slots ``cols`` that enter S, z: those of ``fold``
+    (:func:`kernels.hybrid.ring.leaving`) that are not sink tokens."""
+    weight = fold[:, cols]
+    return weight & (state.win_pos[:, cols] >= state.sinks) if state.sinks else weight
+
+
+def step_window(state: HybridState, kind: str, w: int, k, v, pos, valid):
+    """The softmax keys of a decode step after :func:`kernels.hybrid.ring.place_token`:
+    ``(sink cache, keys, values, valid)``. Without sinks, the ring itself; with sinks, the new
+    token stored in the sink cache when it is a real token at a position < s, and the cached sinks
+    below the window of ``pos`` appended to the ring's keys (``[B, H_kv, K + s, d]``, ``[B, K + s]``)."""
+    if not state.sinks:
+        return (None, None, None), state.win_k, state.win_v, state.win_valid
+    slot = (torch.arange(state.sinks, device=pos.device)[None, :] == pos[:, None]) & valid[:, None]  # [B, s]
+    put = slot[:, None, :, None]
+    sink = torch.where(put, k, state.sink_k), torch.where(put, v, state.sink_v), state.sink_valid | slot
+    win_k, win_v = torch.cat([state.win_k, sink[0]], dim=2), torch.cat([state.win_v, sink[1]], dim=2)
+    return sink, win_k, win_v, torch.cat([state.win_valid, visible_sinks(sink[2], kind, w, pos)], dim=1)
 
 
 def readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale: float) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 
 from kernels._triton import INTERPRETER, tl, triton
 from kernels.hybrid.chunk_triton import head_indices, head_ptr, load_rows, load_state, store_state
-from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures
+from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_weight, step_window
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 
 
@@ -109,7 +109,8 @@ def decode_step_triton(
         fold = leaving(kind, w, state, pos)
         cols = leaving_columns(kind, state, fold)
         if cols.numel():
-            kfold = key_features(state.win_k[:, :, cols]) * fold[:, None, cols, None].to(q_feat.dtype)  # [B, H, C, F]
+            weight = fold_weight(state, fold, cols)[:, None, :, None].to(q_feat.dtype)
+            kfold = key_features(state.win_k[:, :, cols]) * weight  # [B, H, C, F]
             vfold = state.win_v[:, :, cols]  # [B, H_kv, C, d]
         else:
             kfold = q_feat.new_zeros(B, H, 0, Fd)
@@ -117,7 +118,7 @@ def decode_step_triton(
         place_token(state, k, v, pos, valid, fold)
     kfold = kfold if kfold.stride(-1) == 1 else kfold.contiguous()
     vfold = vfold if vfold.stride(-1) == 1 else vfold.contiguous()
-    win_k, win_v, win_pos, win_valid = state.win_k, state.win_v, state.win_pos, state.win_valid
+    sink, win_k, win_v, win_valid = step_window(state, kind, w, k, v, pos, valid)  # the ring (and sinks)
 
     S, z = state.S, state.z
     if inplace and S.is_contiguous() and z.is_contiguous() and S.dtype == torch.float32 and z.dtype == torch.float32:
@@ -152,7 +153,8 @@ def decode_step_triton(
         HAS_WINDOW=kind != "linear" and K > 0,
         D=d, FD=Fd, BD=BD, BF=BF, BC=16, BK=BK, **launch,
     )
-    new_state = HybridState(S_out, z_out, win_k, win_v, win_pos, win_valid, first, state.seen + 1)
+    new_state = HybridState(S_out, z_out, state.win_k, state.win_v, state.win_pos, state.win_valid, first,
+                            state.seen + 1, *sink)
     return y, new_state
 
 

@@ -3,6 +3,12 @@
 Positions count from each row's first real token. After a token at position p the state holds
 the real keys with position < window_start(p) and the window cache those at or above it:
 window_start(p) = p + 1 (linear), p - w + 1 (sliding window), w * (floor(p / w) - 1) (terraced).
+
+Sink tokens (``sinks`` = s > 0, not with linear attention): the keys at positions < s stay in the
+softmax part for every later query, inside or outside the window, and never enter the linear
+history; they hold the attention mass that pretrained models park on the first tokens (the
+"attention sink"), which a linear term reproduces badly. So for a query at p, key j is softmax
+when window_start(p) <= p_j <= p or p_j < min(s, p + 1), and history when s <= p_j < window_start(p).
 """
 
 from __future__ import annotations
@@ -13,6 +19,15 @@ KINDS = ("linear", "sliding_window", "terraced")  # the attention kinds every la
 def window_capacity(kind: str, w: int) -> int:
     """Window-cache slots (0 for linear attention: every key goes straight into the state)."""
     return {"linear": 0, "sliding_window": w, "terraced": 2 * w}[kind]
+
+
+def check_sinks(kind: str, sinks: int) -> int:
+    """``sinks`` validated for ``kind``: an integer >= 0, and 0 for linear attention (no softmax part)."""
+    if int(sinks) != sinks or sinks < 0:
+        raise ValueError(f"sink tokens must be an integer >= 0, got {sinks!r}")
+    if sinks and kind == "linear":
+        raise ValueError("sink tokens need a softmax part: use kind sliding_window or terraced, or 0 sink tokens")
+    return int(sinks)
 
 
 def window_start(kind: str, w: int, pos):

@@ -43,9 +43,10 @@ def _problems(**changes):
 def test_form_edits_reach_the_config():
     config, problems = forms.build("tiny-test", _values(attention_kind="sliding_window", window_size=8,
                                                         softmax_layers="1", stage1_lr="3e-3", stage2_enabled=False,
-                                                        model_choice="hub", model_path="org/model"))
+                                                        model_choice="hub", model_path="org/model", sink_tokens=4))
     assert problems == []
     assert config["attention"]["kind"] == "sliding_window" and config["attention"]["window_size"] == 8
+    assert config["attention"]["sink_tokens"] == 4
     assert config["attention"]["softmax_layers"] == [1]
     assert config["stage1"]["lr"] == pytest.approx(3e-3)
     assert config["stage2"]["enabled"] is False
@@ -66,6 +67,7 @@ def test_form_edits_reach_the_config():
     ({"stage1_steps": 0}, "stage1.steps", "greater than or equal to 1"),
     ({"stage2_rank": 0}, "stage2.rank", "greater than or equal to 1"),
     ({"seq_len": 8}, "config", "data.seq_len (8) is smaller than attention.window_size (16)"),
+    ({"attention_kind": "linear", "sink_tokens": 2}, "attention", "sink_tokens need a softmax part"),
     ({"model_choice": "hub", "model_path": " "}, "model.source", "hub id"),
     ({"data_choice": "local", "data_path": ""}, "data.source", "file path"),
 ])

@@ -21,6 +21,7 @@ def test_preset_fills_the_form_and_the_config_is_valid(fresh_ws):
     assert widget(at, "radio", "launch_model_choice").value == "tiny"
     assert widget(at, "number_input", "launch_feature_dim").value == 8
     assert widget(at, "number_input", "launch_window_size").value == 16
+    assert widget(at, "number_input", "launch_sink_tokens").value == 0
     assert widget(at, "number_input", "launch_stage1_steps").value == 4
     assert "The config is valid." in texts(at)
     assert not button(at, "launch_submit").disabled

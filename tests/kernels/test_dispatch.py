@@ -193,3 +193,17 @@ def test_auto_on_cuda_falls_back_with_one_warning_when_the_kernels_fail(monkeypa
         assert dispatch.select_backend("cuda") == "torch"  # warned once per device and signature
     with pytest.raises(dispatch.KernelBackendError, match="LOLCATS_KERNELS=triton was requested but compiling"):
         dispatch.select_backend("cuda", backend="triton")
+
+
+def test_sink_tokens_run_the_pytorch_form(monkeypatch):
+    """The Triton chunk kernels do not implement sink tokens: ``auto`` never reaches them with
+    sinks; forcing ``triton`` is refused with the fix."""
+    calls = spy_on_backends(monkeypatch)
+    q, k, v, qf, kf, mix, mask = make_inputs(2, 2, 1, 30, 16, 8, pads=(0, 4), device=DEVICE)
+    monkeypatch.setenv(dispatch.ENV_VAR, "auto")
+    hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask, sinks=2)
+    assert calls == ["torch"]
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    with pytest.raises(dispatch.KernelBackendError, match="chunk kernels do not implement sink tokens"):
+        hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask, sinks=2)
+    assert calls == ["torch"]

@@ -5,15 +5,14 @@ import torch
 from transformers import DynamicCache
 
 from kernels import dispatch
-from kernels.hybrid.window import KINDS
-from tests.core.attention.test_surgery import converted, left_padded_batch, positions, rel_err
+from tests.core.attention.test_surgery import SINK_CASES, converted, left_padded_batch, positions, rel_err
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind, sinks", SINK_CASES)
 @pytest.mark.parametrize("softmax_layers", [(), (1,)], ids=["all", "hybrid"])
 @torch.no_grad()
-def test_chunked_prefill_equals_a_whole_forward_and_decodes_alike(monkeypatch, kind, softmax_layers):
-    model = converted("llama", kind, window=16, softmax_layers=softmax_layers)
+def test_chunked_prefill_equals_a_whole_forward_and_decodes_alike(monkeypatch, kind, sinks, softmax_layers):
+    model = converted("llama", kind, window=16, softmax_layers=softmax_layers, sinks=sinks)
     steps = []
     real_step = dispatch.decode_step
     monkeypatch.setattr(dispatch, "decode_step", lambda *a, **k: steps.append(1) or real_step(*a, **k))

@@ -29,10 +29,11 @@ def positions(mask):
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=0):
+def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=0, sinks=0):
     model = tiny_model(arch, seed=seed)
     cfg = core.AttentionSpec(
-        kind=kind, window_size=window, feature_dim=8, softmax_layers=list(softmax_layers), feature_init="random"
+        kind=kind, window_size=window, feature_dim=8, softmax_layers=list(softmax_layers), feature_init="random",
+        sink_tokens=sinks,
     )
     torch.manual_seed(seed + 1)
     model = core.linearize(model, cfg)
@@ -42,12 +43,15 @@ def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=
     return model
 
 
+SINK_CASES = [(kind, 0) for kind in KINDS] + [("sliding_window", 2), ("terraced", 4)]
+
+
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind, sinks", SINK_CASES)
 @pytest.mark.parametrize("softmax_layers", [(), (1,)], ids=["all", "hybrid"])
 @torch.no_grad()
-def test_prefill_plus_decode_equals_full_forward(arch, kind, softmax_layers):
-    model = converted(arch, kind, window=16, softmax_layers=softmax_layers)
+def test_prefill_plus_decode_equals_full_forward(arch, kind, sinks, softmax_layers):
+    model = converted(arch, kind, window=16, softmax_layers=softmax_layers, sinks=sinks)
     ids, mask = left_padded_batch([70, 55, 30], 90)
     full = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
     prefix = 45
@@ -115,10 +119,10 @@ def test_window_covering_input_reproduces_original(arch):
     assert rel_err(got[real], ref[real]) <= 1e-5
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind, sinks", SINK_CASES)
 @torch.no_grad()
-def test_generate_batched_left_padding_matches_uncached_greedy(kind):
-    model = converted("llama", kind, window=8, softmax_layers=(2,))
+def test_generate_batched_left_padding_matches_uncached_greedy(kind, sinks):
+    model = converted("llama", kind, window=8, softmax_layers=(2,), sinks=sinks)
     model.generation_config.pad_token_id = 0
     ids, mask = left_padded_batch([20, 13, 7], 20, seed=6)
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False)

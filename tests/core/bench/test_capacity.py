@@ -38,10 +38,11 @@ def test_synthetic_teacher_cache_has_the_shape_of_a_prefilled_one():
         assert layer.keys.shape == layer.values.shape == (3, 2, 21, 16) and layer.keys.std() > 0.5
 
 
-@pytest.mark.parametrize("kind", ["terraced", "sliding_window", "linear"])
-def test_synthetic_student_state_has_the_shape_and_positions_of_a_prefilled_one(kind):
+@pytest.mark.parametrize("kind, sinks", [("terraced", 0), ("sliding_window", 0), ("linear", 0), ("terraced", 3)])
+def test_synthetic_student_state_has_the_shape_and_positions_of_a_prefilled_one(kind, sinks):
     teacher = tiny_model("llama")
-    student = convert_teacher(teacher, BenchConfig(linearize={"kind": kind, "window_size": 8, "softmax_layers": [1]}))
+    student = convert_teacher(teacher, BenchConfig(linearize={"kind": kind, "window_size": 8, "softmax_layers": [1],
+                                                              "sink_tokens": sinks}))
     ids = torch.randint(3, 101, (2, 21), generator=torch.Generator().manual_seed(0))
     real = new_cache(student)
     with torch.inference_mode():
@@ -57,6 +58,9 @@ def test_synthetic_student_state_has_the_shape_and_positions_of_a_prefilled_one(
             assert getattr(a.state, name).dtype == getattr(b.state, name).dtype
         for name in ("win_pos", "win_valid", "first"):
             assert torch.equal(getattr(a.state, name), getattr(b.state, name)), name
+        assert a.state.sinks == b.state.sinks == sinks
+        if sinks:
+            assert a.state.sink_k.shape == b.state.sink_k.shape and torch.equal(a.state.sink_valid, b.state.sink_valid)
         assert a.state.seen == b.state.seen == 21
     with torch.inference_mode():  # and decoding continues from it
         out = student(input_ids=ids[:, :1], past_key_values=synthetic, use_cache=True)

@@ -64,3 +64,12 @@ def test_config_diff_of_dumped_configs():
     new = build_config(deep_merge(PRESETS["tiny-test"], {"stage1": {"lr": 0.5}})).model_dump()
     assert [str(c) for c in config_diff(old, new)] == ["stage1.lr: 0.01 -> 0.5"]
     assert config_diff(old, old) == []
+
+
+def test_sink_tokens_need_a_window_and_are_not_negative():
+    assert AttentionSpec(kind="terraced", sink_tokens=4).sink_tokens == 4
+    assert AttentionSpec().sink_tokens == 0  # the paper's recipe has none
+    with pytest.raises(ValueError, match="sink_tokens need a softmax part"):
+        AttentionSpec(kind="linear", sink_tokens=1)
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        AttentionSpec(sink_tokens=-1)

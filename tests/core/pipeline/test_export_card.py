@@ -30,7 +30,7 @@ def test_card_describes_the_conversion_and_its_numbers(exported):
     assert f"stage1 {tokens['stage1']:,}, stage2 {tokens['stage2']:,} ({sum(tokens.values()):,} in all)" in card
     assert f"total {report['timings']['total_s']:.1f} s" in card
     assert 'AutoModelForCausalLM.from_pretrained("export", trust_remote_code=True)' in card
-    assert "## Limits" in card and "| attention kind | terraced (window 16) |" in card
+    assert "## Limits" in card and "| attention kind | terraced (window 16, 0 sink tokens) |" in card
 
 
 def test_base_model_license_when_known(tmp_path):

@@ -69,7 +69,7 @@ def plain_load(out, cwd):
 @pytest.fixture(scope="module")
 def gemma_exported(export_workspace):
     """``(run folder, report, export folder)`` of a tiny-test conversion of a tiny random Gemma 3
-    (its own sliding-window and global layers, q/k norms) with the bundled tokenizer."""
+    (its own sliding-window and global layers, q/k norms) with the bundled tokenizer, 2 sink tokens."""
     from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
 
     from core.models import bundled_model_dir
@@ -86,7 +86,9 @@ def gemma_exported(export_workspace):
     Gemma3ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     run = export_workspace / "runs" / "tiny-gemma3"
-    report = run_convert(preset("tiny-test", model={"source": str(folder)}), run, workspace=export_workspace)
+    # with sink tokens, so the carried code is checked on them too
+    config = preset("tiny-test", model={"source": str(folder)}, attention={"sink_tokens": 2})
+    report = run_convert(config, run, workspace=export_workspace)
     return run, report, export(run, export_workspace / "export-gemma3", workspace=export_workspace)
 
 

@@ -31,6 +31,7 @@ class DecodeCase:
     mix: torch.Tensor
     key_features: Callable[[torch.Tensor], torch.Tensor]
     scale: float
+    sinks: int = 0
 
     def step_args(self, t: int) -> tuple:
         """The arguments of the decode step for step ``t`` (those after the state)."""
@@ -38,7 +39,7 @@ class DecodeCase:
         return (self.kind, self.w, q, k, v, qf, self.mix, valid, self.key_features, self.scale)
 
 
-def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9, T=13) -> DecodeCase:
+def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9, T=13, sinks=0) -> DecodeCase:
     G = H // Hkv
     g = torch.Generator().manual_seed(42)
     torch.manual_seed(42)
@@ -59,7 +60,7 @@ def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9
             valid[2:] = t >= 2
             valid[1] = t % 5 != 3
             steps.append((q_t, k_t, v_t, fq(q_t), valid))
-    return DecodeCase(kind, w, k, v, mask, steps, mix, key_features, d**-0.5)
+    return DecodeCase(kind, w, k, v, mask, steps, mix, key_features, d**-0.5, sinks)
 
 
 def whole_sequence(case: DecodeCase) -> tuple[torch.Tensor, ...]:
@@ -80,20 +81,23 @@ def assert_matches_naive(case: DecodeCase, ys: list[torch.Tensor], ratio: float)
     F = case.steps[0][3].shape[-1]
     q = torch.cat([case.steps[0][0].new_zeros(B, H, P, d)] + [s[0] for s in case.steps], dim=2)
     qf = torch.cat([case.steps[0][3].new_zeros(B, H, P, F)] + [s[3] for s in case.steps], dim=2)
-    ref = naive_hybrid_attention(q, k, v, qf, case.key_features(k), case.mix, case.kind, case.w, mask, case.scale)[:, :, P:]
+    ref = naive_hybrid_attention(q, k, v, qf, case.key_features(k), case.mix, case.kind, case.w, mask, case.scale,
+                                 case.sinks)[:, :, P:]
     real = mask[:, None, P:, None]
     y = torch.cat(ys, dim=2).double()
     assert_close("y vs naive", torch.where(real, ref, 0.0), torch.where(real, y, 0.0), ratio)
 
 
-def check_decode_triton(kind, w, *, dtype=torch.float32, inplace=False, B=3, H=4, Hkv=2, d=16, f=8, P=9, T=13, ratio=1e-5):
+def check_decode_triton(kind, w, *, dtype=torch.float32, inplace=False, B=3, H=4, Hkv=2, d=16, f=8, P=9, T=13, ratio=1e-5,
+                        sinks=0):
     """Prefill a :func:`decode_case`, then decode ``T`` tokens with the Triton and the PyTorch step side
     by side: outputs, linear state and window cache equal step by step, outputs equal to the naive reference."""
-    case = decode_case(kind, w, dtype=dtype, B=B, H=H, Hkv=Hkv, d=d, f=f, P=P, T=T)
+    case = decode_case(kind, w, dtype=dtype, B=B, H=H, Hkv=Hkv, d=d, f=f, P=P, T=T, sinks=sinks)
     ys = []
     with torch.no_grad():
         # two states: each step writes its window cache in place
-        state_ref, state_tri = (prefill_state(kind, w, case.k, case.v, case.key_features(case.k), case.mask) for _ in range(2))
+        state_ref, state_tri = (prefill_state(kind, w, case.k, case.v, case.key_features(case.k), case.mask, sinks)
+                                for _ in range(2))
         for t in range(T):
             args = case.step_args(t)
             y_ref, state_ref = decode_step_torch(state_ref, *args)
@@ -102,8 +106,9 @@ def check_decode_triton(kind, w, *, dtype=torch.float32, inplace=False, B=3, H=4
             assert_close(f"y step {t}", y_ref, y_tri, ratio)
             assert_close(f"S step {t}", state_ref.S, state_tri.S, ratio)
             assert_close(f"z step {t}", state_ref.z, state_tri.z, ratio)
-            for name in ("win_k", "win_v", "win_pos", "win_valid", "first"):
-                assert torch.equal(getattr(state_ref, name), getattr(state_tri, name)), f"{name} step {t}"
+            for name in ("win_k", "win_v", "win_pos", "win_valid", "first", "sink_k", "sink_v", "sink_valid"):
+                assert torch.equal(getattr(state_ref, name), getattr(state_tri, name)) if sinks or "sink" not in name \
+                    else getattr(state_ref, name) is getattr(state_tri, name) is None, f"{name} step {t}"
             assert state_ref.seen == state_tri.seen
             ys.append(y_tri)
     assert_matches_naive(case, ys, ratio)

@@ -10,6 +10,7 @@ from kernels.hybrid.chunk_torch import hybrid_attention_torch
 from kernels.hybrid.naive import naive_hybrid_attention
 from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state
 from kernels.hybrid.window import KINDS
+from tests.kernels.hybrid.test_recurrent_torch import assert_same_sinks
 from tests.kernels.utils import assert_close
 
 B, H, HKV, D, FEAT = 3, 4, 2, 16, 8
@@ -35,12 +36,13 @@ def inputs(L: int, mid_padding: bool):
     return q, k, v, qf, kf, mix, mask, key_features
 
 
-def chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features):
+def chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features, sinks=0):
     """Outputs of a prefill of the first chunk, then the rest chunk by chunk from the carried state
     (token by token where the chunk form does not apply); the final state; how many chunks fell back."""
     scale, n = D**-0.5, chunks[0]
-    ys = [hybrid_attention_torch(q[:, :, :n], k[:, :, :n], v[:, :, :n], qf[:, :, :n], kf[:, :, :n], mix, kind, w, mask[:, :n], scale)]
-    state = prefill_state(kind, w, k[:, :, :n], v[:, :, :n], kf[:, :, :n], mask[:, :n])
+    ys = [hybrid_attention_torch(q[:, :, :n], k[:, :, :n], v[:, :, :n], qf[:, :, :n], kf[:, :, :n], mix, kind, w, mask[:, :n],
+                                 scale, sinks)]
+    state = prefill_state(kind, w, k[:, :, :n], v[:, :, :n], kf[:, :, :n], mask[:, :n], sinks)
     fallbacks = 0
     for c in chunks[1:]:
         part = [t[:, :, n : n + c] for t in (q, k, v, qf, kf)]
@@ -58,23 +60,24 @@ def chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features):
     return torch.cat(ys, dim=2), state, fallbacks
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("w, chunks", [(4, [6, 5, 8, 1, 13, 4]), (8, [16, 16, 5])], ids=["w4-uneven", "w8"])
+@pytest.mark.parametrize("kind, sinks", [(kind, 0) for kind in KINDS] + [("sliding_window", 2), ("terraced", 3)])
+@pytest.mark.parametrize("w, chunks", [(4, [6, 5, 8, 1, 13, 4]), (8, [16, 16, 5]), (4, [1, 2, 30])],
+                         ids=["w4-uneven", "w8", "w4-short-first"])
 @pytest.mark.parametrize("mid_padding", [False, True], ids=["left-padded", "mid-padded"])
 @torch.no_grad()
-def test_chunked_prefill_equals_the_parallel_form_the_oracle_and_a_whole_prefill(kind, w, chunks, mid_padding):
+def test_chunked_prefill_equals_the_parallel_form_the_oracle_and_a_whole_prefill(kind, sinks, w, chunks, mid_padding):
     L = sum(chunks)
     q, k, v, qf, kf, mix, mask, key_features = inputs(L, mid_padding)
-    y, state, fallbacks = chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features)
+    y, state, fallbacks = chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features, sinks)
     if not mid_padding:  # left padding never needs the token-by-token fallback
         assert fallbacks == 0
     real = mask[:, None, :, None]
-    whole = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, w, mask, D**-0.5)
-    oracle = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, w, mask, D**-0.5)
+    whole = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, w, mask, D**-0.5, sinks)
+    oracle = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, w, mask, D**-0.5, sinks)
     assert_close("chunked vs parallel", torch.where(real, whole, 0.0), torch.where(real, y, 0.0), 1e-5)
     assert_close("chunked vs naive", torch.where(real, oracle, 0.0), torch.where(real, y, 0.0), 1e-5)
 
-    full = prefill_state(kind, w, k, v, kf, mask)
+    full = prefill_state(kind, w, k, v, kf, mask, sinks)
     assert state.seen == full.seen == L
     assert_close("S", full.S, state.S, 1e-5)
     assert_close("z", full.z, state.z, 1e-5)
@@ -84,6 +87,7 @@ def test_chunked_prefill_equals_the_parallel_form_the_oracle_and_a_whole_prefill
     for name in ("win_k", "win_v"):
         assert torch.equal(getattr(full, name)[valid[:, None].expand(-1, HKV, -1)],
                            getattr(state, name)[valid[:, None].expand(-1, HKV, -1)]), name
+    assert_same_sinks(full, state, sinks)
 
 
 @torch.no_grad()

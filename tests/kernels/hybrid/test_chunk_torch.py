@@ -120,3 +120,28 @@ def test_gradients_match_oracle(kind):
             assert all(g is None or not g.any() for g in (g1, t.grad)), name
         else:
             assert rel_err(g1, t.grad) <= 1e-5, name
+
+
+@pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
+@pytest.mark.parametrize("sinks", [1, 4, 20])
+def test_sink_tokens_match_the_oracle_with_gradients(kind, sinks):
+    """The first ``sinks`` keys stay softmax for every later query (and leave the history): outputs
+    and gradients of every input against the float64 oracle, with left padding."""
+    q, k, v, qf, kf, mix, mask = make_inputs(3, 4, 2, 100, 16, 8, pads=[0, 5, 37])
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, qf, kf, mix)]
+    y = hybrid_attention_torch(*leaves, kind, 16, mask, None, sinks)
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, qf, kf, mix)]
+    ref = naive_hybrid_attention(*ref_leaves, kind, 16, mask, None, sinks)
+    assert rel_err(y, ref, mask) <= 1e-5
+    assert rel_err(y, naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 16, mask), mask) > 1e-2  # the sinks matter
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)) * mask[:, None, :, None]
+    (y * dy).sum().backward()
+    (ref * dy.double()).sum().backward()
+    for name, got, want in zip("q k v qf kf mix".split(), leaves, ref_leaves):
+        assert rel_err(got.grad, want.grad) <= 1e-4, name
+
+
+def test_sink_tokens_need_a_window():
+    q, k, v, qf, kf, mix, _ = make_inputs(1, 2, 1, 20, 8, 4)
+    with pytest.raises(ValueError, match="sink tokens need a softmax part"):
+        hybrid_attention_torch(q, k, v, qf, kf, mix, "linear", 8, None, None, 2)

@@ -10,12 +10,12 @@ from tests.kernels.hybrid.decoding import assert_matches_naive, decode_case, who
 from tests.kernels.utils import assert_close
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind, sinks", [(kind, 0) for kind in KINDS] + [("sliding_window", 3), ("terraced", 3)])
 @pytest.mark.parametrize("w, P, T", [(4, 9, 13), (40, 70, 14)], ids=["w4", "w40"])
 @torch.no_grad()
-def test_decode_matches_naive_and_a_whole_prefill(kind, w, P, T):
-    case = decode_case(kind, w, P=P, T=T)
-    state = prefill_state(kind, w, case.k, case.v, case.key_features(case.k), case.mask)
+def test_decode_matches_naive_and_a_whole_prefill(kind, sinks, w, P, T):
+    case = decode_case(kind, w, P=P, T=T, sinks=sinks)
+    state = prefill_state(kind, w, case.k, case.v, case.key_features(case.k), case.mask, sinks)
     ys = []
     for t in range(T):
         y, state = decode_step_torch(state, *case.step_args(t))
@@ -23,7 +23,7 @@ def test_decode_matches_naive_and_a_whole_prefill(kind, w, P, T):
     assert_matches_naive(case, ys, 1e-5)
 
     k, v, mask = whole_sequence(case)
-    whole = prefill_state(kind, w, k, v, case.key_features(k), mask)
+    whole = prefill_state(kind, w, k, v, case.key_features(k), mask, sinks)
     assert whole.seen == state.seen == P + T and whole.win_k.shape[2] == window_capacity(kind, w)
     assert_close("S", whole.S, state.S, 1e-5)
     assert_close("z", whole.z, state.z, 1e-5)
@@ -32,3 +32,14 @@ def test_decode_matches_naive_and_a_whole_prefill(kind, w, P, T):
     assert torch.equal(whole.win_pos[whole.win_valid], state.win_pos[state.win_valid])
     for name in ("win_k", "win_v"):
         assert torch.equal(torch.where(cached, getattr(whole, name), 0), torch.where(cached, getattr(state, name), 0)), name
+    assert_same_sinks(whole, state, sinks)
+
+
+def assert_same_sinks(whole, state, sinks: int) -> None:
+    """Both states hold the same sink cache (None without sinks)."""
+    assert whole.sinks == state.sinks == sinks
+    if sinks:
+        assert torch.equal(whole.sink_valid, state.sink_valid)
+        held = whole.sink_valid[:, None, :, None]
+        for name in ("sink_k", "sink_v"):
+            assert torch.equal(torch.where(held, getattr(whole, name), 0), torch.where(held, getattr(state, name), 0)), name

@@ -14,6 +14,12 @@ def test_decode_step_matches_reference(kind):
     check_decode_triton(kind, 4)
 
 
+@pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
+def test_decode_step_with_sink_tokens(kind):
+    """Sink tokens: stored while they pass, never folded, read beside the ring once they leave it."""
+    check_decode_triton(kind, 4, sinks=3, T=16)
+
+
 def test_decode_step_in_place_state():
     check_decode_triton("terraced", 4, inplace=True, T=9)
 
