@@ -37,7 +37,7 @@ def load_converted_student(teacher: nn.Module, checkpoint: str | os.PathLike, co
     from core.pipeline.runs import load_converted
 
     device = next(teacher.parameters()).device
-    student, _, _ = load_converted(checkpoint, device=str(device), workspace=config.workspace)
+    student, _, _ = load_converted(checkpoint, device=str(device), workspace=config.workspace, dtype=config.dtype)
     student.to(device)
     set_mode(student, "student")
     return student.eval()

@@ -15,6 +15,9 @@ from core.cli.common import WorkspaceOpt, cli_errors, console
 def chat(
     run: Path = typer.Argument(..., help="Run folder or exported folder."),
     max_new_tokens: int = typer.Option(128, help="Tokens to generate per answer."),
+    dtype: Optional[str] = typer.Option(None, help="Run teacher and student in this dtype (float32, bfloat16, "
+                                        "float16); bfloat16 answers about twice as fast on a CPU with AMX or "
+                                        "AVX512-BF16. Default: the run's."),
     workspace: Optional[Path] = WorkspaceOpt,
 ) -> None:
     """Terminal chat: each prompt goes to the teacher and to the student (the student alone when an
@@ -25,7 +28,7 @@ def chat(
     from core.export.teacher import teacher_problem
     from core.pipeline.runs import load_converted
 
-    model, tokenizer, _ = load_converted(run, workspace=workspace)
+    model, tokenizer, _ = load_converted(run, workspace=workspace, dtype=dtype)
     unavailable = teacher_problem(model)  # an export whose base model cannot be loaded
     if unavailable:
         console.print(f"[yellow]teacher unavailable:[/yellow] {unavailable}; only the student answers.", highlight=False)

@@ -65,7 +65,7 @@ class ExportTeacher:
         params = dict(model.named_parameters())
         merged = {name: params[name].data for name in self._weights}
         for name, tensor in self._weights.items():
-            params[name].data = tensor.to(params[name].device)
+            params[name].data = tensor.to(params[name].device, params[name].dtype)  # the export may run in another dtype
 
         def restore() -> None:
             for name, tensor in merged.items():

@@ -113,3 +113,25 @@ def test_ablate_runs_the_four_variants_and_prints_the_table(cli, workspace, tmp_
     assert table.splitlines()[0] in result.output
     for row in table.splitlines()[2:6]:
         assert row in result.output
+
+
+def test_chat_and_bench_run_in_bfloat16(cli, converted, workspace, tmp_path):
+    out, _ = converted
+    result = runner.invoke(cli, ["chat", str(out), "--dtype", "bfloat16", "--max-new-tokens", "2",
+                                 "--workspace", str(workspace)], input="hi\n")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("teacher (") == result.output.count("student (") == 1
+    target = tmp_path / "bench-bf16.json"
+    result = runner.invoke(cli, ["bench", "--model", "tiny-random-llama", "--checkpoint", str(out), "--dtype", "bfloat16",
+                                 "--batch-sizes", "1", "--prompt-lengths", "16", "--gen-lengths", "3", "--threads", "1",
+                                 "-o", str(target), "--workspace", str(workspace)])
+    assert result.exit_code == 0, result.output
+    bench = json.loads(target.read_text())
+    assert bench["config"]["dtype"] == "bfloat16" and all(p["status"] == "ok" for p in bench["points"])
+    n = bench["model"]["num_parameters"]
+    assert 2 * n <= bench["model"]["weight_bytes"]["teacher"] < 2.1 * n  # 2 bytes a weight (and a few buffers)
+
+
+def test_chat_refuses_an_unknown_dtype(cli, converted, workspace):
+    result = runner.invoke(cli, ["chat", str(converted[0]), "--dtype", "float8", "--workspace", str(workspace)], input="")
+    assert result.exit_code == 1 and "dtype must be one of float32, bfloat16, float16" in result.output
