@@ -307,18 +307,19 @@ class LoadedModel:
 
 
 @st.cache_resource(show_spinner="Loading the converted model (once per workbench process)...", max_entries=2)
-def _load(run_dir: str, stamp: float, root: str) -> LoadedModel:
+def _load(run_dir: str, stamp: float, root: str, dtype: str | None = None) -> LoadedModel:
     from core.pipeline.runs import load_converted
 
-    model, tokenizer, info = load_converted(run_dir, workspace=root)
+    model, tokenizer, info = load_converted(run_dir, workspace=root, dtype=dtype)
     return LoadedModel(model, tokenizer, info, threading.Lock())
 
 
-def loaded_model(job: JobInfo) -> LoadedModel:
-    """The finished conversion of ``job``, loaded once per process (reloaded if its report changes)."""
+def loaded_model(job: JobInfo, dtype: str | None = None) -> LoadedModel:
+    """The finished conversion of ``job``, loaded once per process and ``dtype`` (None: the run's;
+    reloaded if its report changes)."""
     report_file = job.run_dir / "report.json"
     stamp = report_file.stat().st_mtime if report_file.exists() else 0.0
-    return _load(str(job.run_dir), stamp, str(workspace()))
+    return _load(str(job.run_dir), stamp, str(workspace()), dtype)
 
 
 def conversion_picker(jobs: list[JobInfo], key: str) -> JobInfo:

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from jobs import api
 from tests.app.apptest import open_page, plotly_figures, texts, widget
@@ -176,3 +177,28 @@ def test_empty_state(fresh_ws):
     at = open_page("views/chat.py")
     assert "needs a finished conversion" in texts(at)
     assert not at.chat_input
+
+
+def test_bfloat16_precision_answers_with_a_bfloat16_copy(seeded_ws, monkeypatch):
+    """Precision bfloat16: both models answer from a bfloat16 copy of the conversion."""
+    from app import common
+    from core.pipeline import runs
+
+    loads = []
+    real = runs.load_converted
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        loads.append((kwargs.get("dtype"), {p.dtype for p in out[0].parameters()}))
+        return out
+
+    monkeypatch.setattr(runs, "load_converted", spy)
+    common._load.clear()
+    at = open_page("views/chat.py")
+    widget(at, "selectbox", "chat_conversion").set_value(seeded_ws.conversion).run()
+    widget(at, "number_input", "chat_max_new").set_value(6).run()
+    widget(at, "radio", "chat_precision").set_value("bfloat16").run()
+    _send(at, "What is two plus two?")
+    assert len(_answers(at)) == 2, texts(at)
+    assert loads[-1] == ("bfloat16", {torch.bfloat16})  # the answers came from the copy loaded last
+    assert all(dtypes == {torch.float32} for dtype, dtypes in loads if dtype is None)
