@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from kernels.hybrid.chunk_torch import hybrid_terms_torch, normalise
-from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_keys, visible_sinks
+from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_keys, store_sinks, visible_sinks
 from kernels.hybrid.window import window_start
 
 
@@ -70,7 +70,7 @@ def prefill_chunk(
     sinks, sink = state.sinks, (state.sink_k, state.sink_v, state.sink_valid)
     sink_keys = None
     if sinks:
-        sink = _store_sinks(sink, k, v, pos[:, K:], mask)
+        sink = store_sinks(sink, k, v, pos[:, K:], mask)
         kfx = kfx * (pos >= sinks)[:, None, :, None].to(kfx.dtype)  # sink keys never enter the history
         sink_keys = (sink[0], sink[1], visible_sinks(sink[2][:, None, :], kind, w, pos))
     t = hybrid_terms_torch(qx, kx, vx, qfx, kfx, mix, kind, w, maskx, scale, sink_keys=sink_keys)[:, :, K:]
@@ -95,15 +95,3 @@ def prefill_chunk(
     win_pos[:, new_slots], win_valid[:, new_slots] = pos[:, keep], inside[:, keep]
     return y, HybridState(S, z, win_k, win_v, win_pos, win_valid, first, seen + C, *sink)
 
-
-def _store_sinks(sink, k, v, pos, mask):
-    """The sink cache ``(keys, values, valid)`` after a chunk (k, v ``[B, H_kv, C, d]``, positions
-    ``pos`` and mask ``[B, C]``): each real token at a position < s stored in that slot."""
-    sink_k, sink_v, sink_valid = sink
-    B, Hkv, C, d = k.shape
-    s = sink_valid.shape[1]
-    match = (pos[:, :, None] == torch.arange(s, device=pos.device)) & mask[:, :, None]  # [B, C, s]
-    found = match.any(1)
-    gather = match.long().argmax(1)[:, None, :, None].expand(B, Hkv, s, d)
-    put = found[:, None, :, None]
-    return torch.where(put, k.gather(2, gather), sink_k), torch.where(put, v.gather(2, gather), sink_v), sink_valid | found

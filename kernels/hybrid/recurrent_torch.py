@@ -59,18 +59,17 @@ class HybridState:
         )
 
 
-def sink_cache(k, v, first, mask, sinks: int):
-    """``(sink_k, sink_v, sink_valid)`` of a prompt (k, v ``[B, H_kv, L, d]``, first ``[B]``, mask
-    ``[B, L]``): the keys and values at positions 0..s-1 of each row; all None when s = 0."""
-    if not sinks:
-        return None, None, None
-    B, Hkv, L, d = k.shape
-    index = first[:, None] + torch.arange(sinks, device=k.device)[None, :]  # [B, s]
-    inside = (first[:, None] >= 0) & (index < L)
-    index = index.clamp(0, L - 1)
-    valid = inside & mask.gather(1, index)
-    gather = index[:, None, :, None].expand(B, Hkv, sinks, d)
-    return k.gather(2, gather), v.gather(2, gather), valid
+def store_sinks(sink, k, v, pos, mask):
+    """The sink cache ``(keys, values, valid)`` after C new tokens (k, v ``[B, H_kv, C, d]``,
+    positions ``pos`` and mask ``[B, C]``): each real token at a position < s stored in that slot."""
+    sink_k, sink_v, sink_valid = sink
+    B, Hkv, C, d = k.shape
+    s = sink_valid.shape[1]
+    match = (pos[:, :, None] == torch.arange(s, device=pos.device)) & mask[:, :, None]  # [B, C, s]
+    found = match.any(1)
+    gather = match.long().argmax(1)[:, None, :, None].expand(B, Hkv, s, d)
+    put = found[:, None, :, None]
+    return torch.where(put, k.gather(2, gather), sink_k), torch.where(put, v.gather(2, gather), sink_v), sink_valid | found
 
 
 def visible_sinks(sink_valid: torch.Tensor, kind: str, w: int, pos: torch.Tensor) -> torch.Tensor:
@@ -126,7 +125,11 @@ def prefill_state(kind, w, k, v, k_feat, mask, sinks: int = 0) -> HybridState:
         slots = last % K
         win_k[:, :, slots], win_v[:, :, slots] = k[:, :, last], v[:, :, last]
         win_pos[:, slots], win_valid[:, slots] = pos[:, last], inside[:, last]
-    return HybridState(S, z, win_k, win_v, win_pos, win_valid, first, L, *sink_cache(k, v, first, mask, sinks))
+    sink = (None,) * 3
+    if sinks:  # the keys at positions 0..s-1, into an empty sink cache
+        empty = k.new_zeros(B, Hkv, sinks, d), v.new_zeros(B, Hkv, sinks, d), mask.new_zeros(B, sinks)
+        sink = store_sinks(empty, k, v, pos, mask)
+    return HybridState(S, z, win_k, win_v, win_pos, win_valid, first, L, *sink)
 
 
 def decode_step_torch(
@@ -171,9 +174,7 @@ def step_window(state: HybridState, kind: str, w: int, k, v, pos, valid):
     below the window of ``pos`` appended to the ring's keys (``[B, H_kv, K + s, d]``, ``[B, K + s]``)."""
     if not state.sinks:
         return (None, None, None), state.win_k, state.win_v, state.win_valid
-    slot = (torch.arange(state.sinks, device=pos.device)[None, :] == pos[:, None]) & valid[:, None]  # [B, s]
-    put = slot[:, None, :, None]
-    sink = torch.where(put, k, state.sink_k), torch.where(put, v, state.sink_v), state.sink_valid | slot
+    sink = store_sinks((state.sink_k, state.sink_v, state.sink_valid), k, v, pos[:, None], valid[:, None])
     win_k, win_v = torch.cat([state.win_k, sink[0]], dim=2), torch.cat([state.win_v, sink[1]], dim=2)
     return sink, win_k, win_v, torch.cat([state.win_valid, visible_sinks(sink[2], kind, w, pos)], dim=1)
 
