@@ -99,7 +99,7 @@ def finished_conversions() -> list[JobInfo]:
 
 
 def demo_button(key: str) -> None:
-    """The empty-state call to action: queue the demo conversion (the bundled model, about 11 minutes on
+    """The empty-state call to action: queue the demo conversion (the bundled model, about 12 minutes on
     2 CPU cores), then watch it on the Jobs page."""
     if st.button(f"Launch the demo conversion ({DEMO_PRESET})", key=key, type="primary",
                  help=f"{PRESET_DESCRIPTIONS[DEMO_PRESET]} (bundled, no download; GSM8K, short stages)."):

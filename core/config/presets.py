@@ -6,7 +6,7 @@ Plain data (torch-free), so the job system and the UI can list them without load
 from core.config.constants import GEMMA3_MODEL, TINY_MODEL
 from core.config.tree import deep_merge
 
-# The bundled model on 2 CPU cores in about 11 minutes (10.6 measured alone with `softmax_layers: auto`).
+# The bundled model on 2 CPU cores in about 12 minutes (11.7 measured alone, benchmarks/cpu_demo.py).
 # Measured on it (benchmarks/results/recipe-cpu.md): 4 sink tokens kept softmax (the largest single
 # gain: SmolLM2 parks up to 64 % of a late layer's attention on the first token), many one-block
 # attention-transfer updates, then LoRA distilled from the teacher (KL) at a higher lr; the steps fill
@@ -51,7 +51,7 @@ PRESETS: dict[str, dict] = {
 
 PRESET_DESCRIPTIONS: dict[str, str] = {  # one line each, for CLI help, the job list and the Launch page
     "paper-8b": "the paper's Llama 3 8B recipe (GPU and hub access needed)",
-    "cpu-demo": "the bundled SmolLM2-135M on CPU in about 11 minutes",
+    "cpu-demo": "the bundled SmolLM2-135M on CPU in about 12 minutes",
     "cpu-demo-gemma3": "the bundled Gemma 3 270M on CPU in about 10 minutes (its 3 global layers converted)",
     "tiny-test": "a 2-layer random Llama with the bundled tokenizer: seconds",
 }
