@@ -160,7 +160,7 @@ def _signature(kind: str, q: torch.Tensor, q_feat: torch.Tensor) -> tuple:
     return (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype)
 
 
-def _sinks_backend(device: torch.device, backend: str | None, sinks: int) -> str | None:
+def _sinks_backend(backend: str | None, sinks: int) -> str | None:
     """``"torch"`` for a whole-sequence call with sink tokens, which the Triton chunk kernels do not
     implement (an explicit ``triton`` request is refused; the Triton decode step does implement
     them); None without sinks, for :func:`select_backend` to decide."""
@@ -175,7 +175,7 @@ def _sinks_backend(device: torch.device, backend: str | None, sinks: int) -> str
 def hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, sinks=0, *,
                      backend=None):
     """Hybrid attention through the selected backend; arguments as ``core.attention.hybrid_attention``."""
-    name = _sinks_backend(q.device, backend, sinks) or select_backend(q.device, backend, _signature(kind, q, q_feat))
+    name = _sinks_backend(backend, sinks) or select_backend(q.device, backend, _signature(kind, q, q_feat))
     if name == "triton":
         chunk_triton, _ = load_triton()
         return chunk_triton.hybrid_attention_triton(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)
