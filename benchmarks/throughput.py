@@ -99,6 +99,7 @@ def targets(result: dict) -> dict:
             **{f"{m}_time_per_output_token_s": ok(m, 8, MID)["time_per_output_token_s"] for m in ("teacher", "student", "floor")},
             **_ratio_target("student_over_teacher", c["decode_speedup"], 5.8),
             **_ratio_target("step_over_floor", c.get("decode_step_over_floor"), 1.1, at_most=True),
+            "step_over_floor_bytes_bound": c.get("decode_bytes_over_floor"),
             "floor_over_teacher": c.get("floor_decode_speedup"),
         }
     memory = {"batch_size": 1, "from_context": SHORT, "to_context": LONG}

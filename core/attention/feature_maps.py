@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from core.config.constants import FEATURE_INITS, FEATURE_MAPS
+from kernels.hybrid.blocks import blocks
 
 
 def _init_weight(weight: torch.Tensor, init: str) -> None:
@@ -32,7 +33,46 @@ def _init_weight(weight: torch.Tensor, init: str) -> None:
             raise ValueError(f"unknown feature map init {init!r}; valid: {', '.join(FEATURE_INITS)}")
 
 
-class HedgehogFeatureMap(nn.Module):
+def _head_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x ``[B, H, L, d]`` times the per-head ``w [H, d, F]``: ``[B, H, L, F]``, a head-major view
+    when B > 1. One batched product over heads on ``[H, B L, d]``: a broadcast matmul would copy
+    ``w`` once per batch row, which costs more than the product itself when L is 1 (decoding)."""
+    B, H, L, d = x.shape
+    u = torch.bmm(x.transpose(0, 1).reshape(H, B * L, d), w)
+    return u.view(H, B, L, -1).transpose(0, 1)
+
+
+class _PerHeadMap(nn.Module):
+    """A feature map phi(x W_h) with one weight per head: :meth:`_weight` gives the ``[H, d, F]``
+    product weight, :meth:`_phi` the map of the product ``[..., F]``.
+
+    Inference on CPU runs the map over pieces of rows and tokens that fit in cache
+    (``kernels.hybrid.blocks``) into one output; autograd takes the whole tensor."""
+
+    output_dim: int
+
+    def _weight(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _phi(self, u: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self._weight()
+        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+            # [B, H, L, F]; a broadcast matmul writes it contiguous (einsum's output is a permuted view)
+            return self._phi(torch.matmul(x.float(), w))
+        B, H, L, d = x.shape
+        pieces = blocks(B, L, 4 * H * (self.output_dim + d)) if x.device.type == "cpu" else []
+        if len(pieces) <= 1:
+            return self._phi(_head_matmul(x.float(), w))
+        out = torch.empty(B, H, L, self.output_dim, device=x.device)
+        for rows, tokens in pieces:
+            out[rows, :, tokens] = self._phi(_head_matmul(x[rows, :, tokens].float(), w))
+        return out
+
+
+class HedgehogFeatureMap(_PerHeadMap):
     """Per-head Hedgehog map; ``feature_dim`` is f, the output has F = 2f features."""
 
     def __init__(self, num_heads: int, head_dim: int, feature_dim: int, init: str = "identity", eps: float = 1e-12):
@@ -45,16 +85,16 @@ class HedgehogFeatureMap(nn.Module):
     def output_dim(self) -> int:
         return 2 * self.weight.shape[-1]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _weight(self) -> torch.Tensor:
         w = self.weight.float()
-        # [x W_h, -x W_h]: [B, H, L, 2f]; a broadcast matmul writes it contiguous (einsum's output is a
-        # permuted view that the softmax would copy)
-        u = torch.matmul(x.float(), torch.cat([w, -w], dim=-1))
+        return torch.cat([w, -w], dim=-1)  # [x W_h, -x W_h]: [..., 2f]
+
+    def _phi(self, u: torch.Tensor) -> torch.Tensor:
         phi = torch.softmax(u.unflatten(-1, (2, -1)), dim=-1).flatten(-2)  # each half its own softmax
         return phi.clamp(min=self.eps) if phi.requires_grad else phi.clamp_(min=self.eps)
 
 
-class T2RFeatureMap(nn.Module):
+class T2RFeatureMap(_PerHeadMap):
     """Per-head T2R map relu(x W_h + b_h); ``feature_dim`` is F."""
 
     def __init__(self, num_heads: int, head_dim: int, feature_dim: int, init: str = "identity"):
@@ -67,8 +107,10 @@ class T2RFeatureMap(nn.Module):
     def output_dim(self) -> int:
         return self.weight.shape[-1]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        u = torch.matmul(x.float(), self.weight.float())
+    def _weight(self) -> torch.Tensor:
+        return self.weight.float()
+
+    def _phi(self, u: torch.Tensor) -> torch.Tensor:
         return torch.relu(u + self.bias.float().view(1, -1, 1, 1))
 
 

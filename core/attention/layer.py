@@ -33,6 +33,8 @@ from core.attention.cache import hybrid_cache_layer
 from core.attention.feature_maps import build_feature_map
 from core.attention.functional import hybrid_attention
 from kernels import dispatch
+from kernels.hybrid.blocks import blocks
+from kernels.hybrid.recurrent_torch import HybridState
 
 MODES = ("student", "teacher", "distill")
 
@@ -120,18 +122,43 @@ class LolcatsAttention(nn.Module):
         """phi_q(q), phi_k(k) per query head: [B, H, L, F] each (keys repeated for the map only)."""
         return self.feature_map_q(q), self.feature_map_k(repeat_kv(k, self.num_key_value_groups))
 
+    def row_pieces(self, q) -> list[tuple[slice, slice]]:
+        """Row ranges of a prompt's batch for :meth:`student`: one piece under autograd or on a
+        GPU, else pieces whose features and scores fit in cache (``kernels.hybrid.blocks``)."""
+        B, H, L, _ = q.shape
+        if (torch.is_grad_enabled() and q.requires_grad) or q.device.type != "cpu":
+            return [(slice(0, B), slice(0, 1))]
+        F = self.feature_map_q.output_dim
+        return blocks(B, 1, 4 * H * L * (2 * F + 2 * self.window_size))  # q and k features, window scores
+
+    def prefill(self, q, k, v, mask, keep_state: bool):
+        """Outputs of a whole prompt from an empty state, and the state it leaves (None unless
+        ``keep_state``)."""
+        qf, kf = self.features(q, k)
+        y = hybrid_attention(q, k, v, qf, kf, self.mix, self.kind, self.window_size, mask, self.scaling, self.sink_tokens)
+        if not keep_state:
+            return y, None
+        B, L = q.shape[0], q.shape[2]
+        m = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
+        return y, dispatch.prefill_state(self.kind, self.window_size, k, v, kf, m, self.sink_tokens)
+
     def student(self, q, k, v, mask, past_key_values):
         """LoLCATs attention for the new tokens, reading and updating the recurrent state."""
         layer = hybrid_cache_layer(past_key_values, self.layer_idx) if past_key_values is not None else None
         if layer is None or layer.state is None:
-            qf, kf = self.features(q, k)
-            y = hybrid_attention(q, k, v, qf, kf, self.mix, self.kind, self.window_size, mask, self.scaling,
-                                 self.sink_tokens)
+            pieces = self.row_pieces(q)
+            if len(pieces) == 1:
+                y, state = self.prefill(q, k, v, mask, layer is not None)
+            else:  # rows one piece at a time, every temporary in cache
+                y = q.new_empty(q.shape)
+                states = []
+                for rows, _ in pieces:
+                    y[rows], state = self.prefill(q[rows], k[rows], v[rows], None if mask is None else mask[rows],
+                                                  layer is not None)
+                    states.append(state)
+                state = HybridState.concat(states) if layer is not None else None
             if layer is not None:
-                B, L = q.shape[0], q.shape[2]
-                m = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
-                layer.state = dispatch.prefill_state(self.kind, self.window_size, k, v, kf, m, self.sink_tokens)
-                layer.is_initialized = True
+                layer.state, layer.is_initialized = state, True
             return y
         # state present. A chunk of several tokens (a prompt prefilled in chunks) goes through the
         # parallel form from the carried state where it applies; otherwise, and when decoding, one

@@ -220,7 +220,8 @@ def find_point(result: dict[str, Any], model: str, batch_size: int, prompt_lengt
 
 def compare(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Student / teacher ratios at every point where both were measured and, where the floor was
-    measured too, student / floor and floor / teacher (the limit of any attention replacement)."""
+    measured too, student / floor and floor / teacher (the limit of any attention replacement),
+    and the bytes a student decode step reads over the floor's (weights plus cache)."""
     by_key: dict[tuple, dict[str, dict]] = {}
     for p in points:
         by_key.setdefault((p["batch_size"], p["prompt_length"], p["gen_length"]), {})[p["model"]] = p
@@ -247,6 +248,9 @@ def compare(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "prefill_vs_floor": s["prefill_tokens_per_second"] / f["prefill_tokens_per_second"],
                 "decode_vs_floor": s["decode_tokens_per_second"] / f["decode_tokens_per_second"],
                 "decode_step_over_floor": s["time_per_output_token_s"] / f["time_per_output_token_s"],
+                # a decode step reads every weight and the whole cache: where it is bound by memory
+                # bandwidth, its time over the floor's is at least this ratio of bytes
+                "decode_bytes_over_floor": (s["weight_bytes"] + s["cache_bytes"]) / (f["weight_bytes"] + f["cache_bytes"]),
                 "floor_prefill_speedup": f["prefill_tokens_per_second"] / t["prefill_tokens_per_second"],
                 "floor_decode_speedup": f["decode_tokens_per_second"] / t["decode_tokens_per_second"],
             })

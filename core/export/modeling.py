@@ -21,6 +21,7 @@ import core.attention.cache
 import core.attention.feature_maps
 import core.attention.layer
 import core.attention.surgery
+import kernels.hybrid.blocks
 import kernels.hybrid.carry
 import kernels.hybrid.chunk_torch
 import kernels.hybrid.recurrent_torch
@@ -34,6 +35,7 @@ PROJECT_PACKAGES = ("core", "kernels")
 
 MODULES: tuple[ModuleType, ...] = (  # in dependency order
     kernels.hybrid.window,
+    kernels.hybrid.blocks,
     kernels.hybrid.ring,
     kernels.hybrid.chunk_torch,
     kernels.hybrid.recurrent_torch,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F_
 
+from kernels.hybrid.blocks import blocks
 from kernels.hybrid.window import check_sinks, window_start
 
 LINEAR_CHUNK = 64  # chunk length of the causal linear part; any value gives the same result
@@ -196,14 +197,8 @@ def _sink_split(k, va, kf, mask, kind: str, w: int, sinks: int):
     return (k[:, :, :s], va[:, :, :s], visible), kf * (idx >= s)[None, None, :, None]
 
 
-def hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, sinks=0,
-                       sink_keys=None) -> torch.Tensor:
-    """The op before its normalisation: [B, H, L, d + 1] float32, numerator (first d columns) and
-    denominator (last column) of y_n, window terms times g plus history terms (:func:`normalise`
-    divides). Inputs as :func:`hybrid_attention_torch`; ``sink_keys`` (instead of ``sinks``) gives
-    the sink tokens explicitly, for a chunk whose own first keys are not the sequence's:
-    ``(keys [B, Hkv, s, d], values [B, Hkv, s, d], visible [B, L, s] bool)`` (the caller leaves
-    them out of ``k_feat``)."""
+def _terms(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks, sink_keys) -> torch.Tensor:
+    """:func:`hybrid_terms_torch` over whole tensors."""
     B, H, L, d = q.shape
     scale = d**-0.5 if scale is None else scale
     sinks = check_sinks(kind, sinks)
@@ -237,8 +232,50 @@ def normalise(t: torch.Tensor) -> torch.Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
 
 
+def _in_pieces(op, width: int, dtype, q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks,
+               sink_keys) -> torch.Tensor:
+    """``op`` (a function of :func:`_terms`'s arguments giving ``[B', H', L, width]``) over the
+    whole tensors, or, for inference on CPU, over pieces of batch rows and key/value heads that
+    each fit in cache (``kernels.hybrid.blocks``), written into one ``[B, H, L, width]`` output.
+    Every row and every key/value head with its query heads is an independent problem."""
+    args = (q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks, sink_keys)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, q_feat, k_feat, mix))
+    if grad or q.device.type != "cpu":
+        return op(*args)
+    B, H, L, _ = q.shape
+    Hkv = k.shape[1]
+    G = H // Hkv
+    extra = sinks if sink_keys is None else sink_keys[0].shape[2]
+    pieces = blocks(B, Hkv, 4 * G * L * (2 * window_size + extra + q_feat.shape[-1]))  # scores + history per head
+    if len(pieces) == 1:
+        return op(*args)
+    out = torch.empty(B, H, L, width, dtype=dtype, device=q.device)
+    for rows, heads in pieces:
+        hq = slice(heads.start * G, heads.stop * G)
+        piece_sinks = None if sink_keys is None else (sink_keys[0][rows, heads], sink_keys[1][rows, heads], sink_keys[2][rows])
+        out[rows, hq] = op(q[rows, hq], k[rows, heads], v[rows, heads], q_feat[rows, hq], k_feat[rows, hq], mix[hq], kind,
+                           window_size, None if attention_mask is None else attention_mask[rows], scale, sinks, piece_sinks)
+    return out
+
+
+def hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, sinks=0,
+                       sink_keys=None) -> torch.Tensor:
+    """The op before its normalisation: [B, H, L, d + 1] float32, numerator (first d columns) and
+    denominator (last column) of y_n, window terms times g plus history terms (:func:`normalise`
+    divides). Inputs as :func:`hybrid_attention_torch`; ``sink_keys`` (instead of ``sinks``) gives
+    the sink tokens explicitly, for a chunk whose own first keys are not the sequence's:
+    ``(keys [B, Hkv, s, d], values [B, Hkv, s, d], visible [B, L, s] bool)`` (the caller leaves
+    them out of ``k_feat``)."""
+    return _in_pieces(_terms, q.shape[-1] + 1, torch.float32, q, k, v, q_feat, k_feat, mix, kind, window_size,
+                      attention_mask, scale, sinks, sink_keys)
+
+
+def _attention(*args) -> torch.Tensor:
+    return normalise(_terms(*args)).to(args[0].dtype)
+
+
 def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None,
                            sinks=0):
     """See the module docstring. Inputs are assumed validated (see ``core.attention``)."""
-    t = hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks)
-    return normalise(t).to(q.dtype)
+    return _in_pieces(_attention, q.shape[-1], q.dtype, q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask,
+                      scale, sinks, None)

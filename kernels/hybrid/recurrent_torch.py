@@ -19,6 +19,7 @@ where the cache's keys are the ring's and, once they have left it, the sink keys
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -57,6 +58,15 @@ class HybridState:
             self.S[index], self.z[index], self.win_k[index], self.win_v[index],
             self.win_pos[index], self.win_valid[index], self.first[index], self.seen, *sinks,
         )
+
+    @staticmethod
+    def concat(states: list["HybridState"]) -> "HybridState":
+        """The states of consecutive row ranges of one batch (same tokens seen) as one state."""
+        if len(states) == 1:
+            return states[0]
+        fields = [f.name for f in dataclasses.fields(HybridState) if f.name != "seen"]
+        parts = {name: [getattr(st, name) for st in states] for name in fields}
+        return HybridState(seen=states[0].seen, **{name: None if ts[0] is None else torch.cat(ts) for name, ts in parts.items()})
 
 
 def store_sinks(sink, k, v, pos, mask):

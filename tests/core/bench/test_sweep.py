@@ -54,6 +54,8 @@ def test_comparisons_give_student_over_teacher_and_over_the_floor(result):
         assert c["prefill_vs_floor"] == pytest.approx(s["prefill_tokens_per_second"] / f["prefill_tokens_per_second"])
         assert c["decode_vs_floor"] == pytest.approx(s["decode_tokens_per_second"] / f["decode_tokens_per_second"])
         assert c["decode_step_over_floor"] == pytest.approx(s["time_per_output_token_s"] / f["time_per_output_token_s"])
+        assert c["decode_bytes_over_floor"] == pytest.approx((s["weight_bytes"] + s["cache_bytes"]) / f["weight_bytes"])
+        assert c["decode_bytes_over_floor"] > 1
         assert c["floor_prefill_speedup"] == pytest.approx(f["prefill_tokens_per_second"] / t["prefill_tokens_per_second"])
         assert c["floor_decode_speedup"] == pytest.approx(f["decode_tokens_per_second"] / t["decode_tokens_per_second"])
         assert f["weight_bytes"] == t["weight_bytes"] and f["cache_bytes"] == 0
