@@ -123,10 +123,11 @@ class LolcatsAttention(nn.Module):
         return self.feature_map_q(q), self.feature_map_k(repeat_kv(k, self.num_key_value_groups))
 
     def row_pieces(self, q) -> list[tuple[slice, slice]]:
-        """Row ranges of a prompt's batch for :meth:`student`: one piece under autograd or on a
-        GPU, else pieces whose features and scores fit in cache (``kernels.hybrid.blocks``)."""
+        """Row ranges of a prompt's batch for :meth:`student`: one piece with autograd on (the
+        feature maps train in stage 1 even where q does not need a gradient) or on a GPU, else
+        pieces whose features and scores fit in cache (``kernels.hybrid.blocks``)."""
         B, H, L, _ = q.shape
-        if (torch.is_grad_enabled() and q.requires_grad) or q.device.type != "cpu":
+        if torch.is_grad_enabled() or q.device.type != "cpu":
             return [(slice(0, B), slice(0, 1))]
         F = self.feature_map_q.output_dim
         return blocks(B, 1, 4 * H * L * (2 * F + 2 * self.window_size))  # q and k features, window scores
