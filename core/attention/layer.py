@@ -33,7 +33,7 @@ from core.attention.cache import hybrid_cache_layer
 from core.attention.feature_maps import build_feature_map
 from core.attention.functional import hybrid_attention
 from kernels import dispatch
-from kernels.hybrid.blocks import blocks
+from kernels.hybrid.blocks import blocks, cpu_inference
 from kernels.hybrid.recurrent_torch import HybridState
 
 MODES = ("student", "teacher", "distill")
@@ -123,11 +123,11 @@ class LolcatsAttention(nn.Module):
         return self.feature_map_q(q), self.feature_map_k(repeat_kv(k, self.num_key_value_groups))
 
     def row_pieces(self, q) -> list[tuple[slice, slice]]:
-        """Row ranges of a prompt's batch for :meth:`student`: one piece with autograd on (the
-        feature maps train in stage 1 even where q does not need a gradient) or on a GPU, else
+        """Row ranges of a prompt's batch for :meth:`student`: one piece when autograd records the
+        call (the feature maps train in stage 1 even where q needs no gradient) or on a GPU, else
         pieces whose features and scores fit in cache (``kernels.hybrid.blocks``)."""
         B, H, L, _ = q.shape
-        if torch.is_grad_enabled() or q.device.type != "cpu":
+        if not cpu_inference(q, self.feature_map_q.weight, self.feature_map_k.weight, self.mix):
             return [(slice(0, B), slice(0, 1))]
         F = self.feature_map_q.output_dim
         return blocks(B, 1, 4 * H * L * (2 * F + 2 * self.window_size))  # q and k features, window scores

@@ -1,4 +1,4 @@
-"""Cache blocking for the PyTorch forms at inference on CPU (torch-free).
+"""Cache blocking for the PyTorch forms at inference on CPU.
 
 The PyTorch forms of hybrid attention and of the feature maps are chains of whole-tensor ops:
 each op reads and writes its full operand before the next starts. With a batch of 8 prompts of 1k
@@ -15,7 +15,16 @@ fuses elementwise ops but does not tile across the matrix products between them.
 
 from __future__ import annotations
 
+import torch
+
 BLOCK_BYTES = 8 << 20  # a piece's working set; measured best between 4 and 16 MiB on a 2 MiB-L2 CPU
+
+
+def cpu_inference(*tensors: torch.Tensor) -> bool:
+    """Whether an op on ``tensors`` may run in pieces: they are on the CPU and autograd records
+    nothing for them (no gradient mode, or none of them needs a gradient)."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return tensors[0].device.type == "cpu" and not grad
 
 
 def blocks(outer: int, inner: int, unit_bytes: int, budget: int | None = None) -> list[tuple[slice, slice]]:

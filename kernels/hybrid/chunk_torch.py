@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F_
 
-from kernels.hybrid.blocks import blocks
+from kernels.hybrid.blocks import blocks, cpu_inference
 from kernels.hybrid.window import check_sinks, window_start
 
 LINEAR_CHUNK = 64  # chunk length of the causal linear part; any value gives the same result
@@ -239,8 +239,7 @@ def _in_pieces(op, width: int, dtype, q, k, v, q_feat, k_feat, mix, kind, window
     each fit in cache (``kernels.hybrid.blocks``), written into one ``[B, H, L, width]`` output.
     Every row and every key/value head with its query heads is an independent problem."""
     args = (q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks, sink_keys)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, q_feat, k_feat, mix))
-    if grad or q.device.type != "cpu":
+    if not cpu_inference(q, k, v, q_feat, k_feat, mix):
         return op(*args)
     B, H, L, _ = q.shape
     Hkv = k.shape[1]
