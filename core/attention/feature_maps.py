@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from core.config.constants import FEATURE_INITS, FEATURE_MAPS
-from kernels.hybrid.blocks import blocks
+from kernels.hybrid.blocks import blocks, recorded
 
 
 def _init_weight(weight: torch.Tensor, init: str) -> None:
@@ -59,7 +59,7 @@ class _PerHeadMap(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self._weight()
-        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        if recorded(x, w):
             # [B, H, L, F]; a broadcast matmul writes it contiguous (einsum's output is a permuted view)
             return self._phi(torch.matmul(x.float(), w))
         B, H, L, d = x.shape

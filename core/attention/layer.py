@@ -122,15 +122,15 @@ class LolcatsAttention(nn.Module):
         """phi_q(q), phi_k(k) per query head: [B, H, L, F] each (keys repeated for the map only)."""
         return self.feature_map_q(q), self.feature_map_k(repeat_kv(k, self.num_key_value_groups))
 
-    def row_pieces(self, q) -> list[tuple[slice, slice]]:
+    def row_pieces(self, q) -> list[slice]:
         """Row ranges of a prompt's batch for :meth:`student`: one piece when autograd records the
         call (the feature maps train in stage 1 even where q needs no gradient) or on a GPU, else
         pieces whose features and scores fit in cache (``kernels.hybrid.blocks``)."""
         B, H, L, _ = q.shape
         if not cpu_inference(q, self.feature_map_q.weight, self.feature_map_k.weight, self.mix):
-            return [(slice(0, B), slice(0, 1))]
+            return [slice(0, B)]
         F = self.feature_map_q.output_dim
-        return blocks(B, 1, 4 * H * L * (2 * F + 2 * self.window_size))  # q and k features, window scores
+        return [rows for rows, _ in blocks(B, 1, 4 * H * L * (2 * F + 2 * self.window_size))]  # q, k features, scores
 
     def prefill(self, q, k, v, mask, keep_state: bool):
         """Outputs of a whole prompt from an empty state, and the state it leaves (None unless
@@ -153,7 +153,7 @@ class LolcatsAttention(nn.Module):
             else:  # rows one piece at a time, every temporary in cache
                 y = q.new_empty(q.shape)
                 states = []
-                for rows, _ in pieces:
+                for rows in pieces:
                     y[rows], state = self.prefill(q[rows], k[rows], v[rows], None if mask is None else mask[rows],
                                                   layer is not None)
                     states.append(state)

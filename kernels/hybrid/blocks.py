@@ -20,11 +20,15 @@ import torch
 BLOCK_BYTES = 8 << 20  # a piece's working set; measured best between 4 and 16 MiB on a 2 MiB-L2 CPU
 
 
+def recorded(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records an op on ``tensors`` (gradient mode on and one of them needs a gradient)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def cpu_inference(*tensors: torch.Tensor) -> bool:
     """Whether an op on ``tensors`` may run in pieces: they are on the CPU and autograd records
-    nothing for them (no gradient mode, or none of them needs a gradient)."""
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    return tensors[0].device.type == "cpu" and not grad
+    nothing for them."""
+    return tensors[0].device.type == "cpu" and not recorded(*tensors)
 
 
 def blocks(outer: int, inner: int, unit_bytes: int, budget: int | None = None) -> list[tuple[slice, slice]]:
