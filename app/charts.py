@@ -433,3 +433,69 @@ def retention_bars(runs: dict[str, dict[str, dict]]) -> go.Figure:
     fig.update_layout(title="Retention: student / teacher", template=TEMPLATE, barmode="group", xaxis_title="task",
                       yaxis_title="student / teacher", height=360, margin={"t": 60, "b": 40})
     return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Long context (core.eval.long_context: the ``long_context`` section of report.json / eval.json)
+# ----------------------------------------------------------------------------------------------
+
+BASELINE_COLORS = ["#2ca02c", "#9467bd", "#8c564b", "#e377c2"]  # one per sliding-window baseline
+
+
+def tokens_label(n: int) -> str:
+    """A token count as an axis label: 64, 256, 1k, 2k; 4095 (the last bucket of a 4096-token
+    evaluation ends one short, since position t predicts token t + 1) reads 4k."""
+    return str(n) if n < 1000 else f"{round(n / 1024, 1):g}k"
+
+
+def _ratio_series(section: dict[str, Any]) -> list[tuple[str, str, dict]]:
+    """``(key, name, line)`` of the student (solid) and of each baseline (dashed, by its label)."""
+    series = [("student", "student", {"color": COLORS["student"]})]
+    for i, (name, baseline) in enumerate(section["baselines"].items()):
+        series.append((name, baseline["label"], {"color": BASELINE_COLORS[i % len(BASELINE_COLORS)], "dash": "dash"}))
+    return series
+
+
+def position_ratios(section: dict[str, Any]) -> go.Figure:
+    """Perplexity over the teacher's by position of the predicted token (``by_position`` buckets,
+    labelled ``1k-2k``): one line for the student, one dashed line per untrained sliding-window
+    baseline, and the teacher as the dotted line at 1.0. Lower is better."""
+    rows = section["by_position"]
+    x = [f"{tokens_label(r['start'])}-{tokens_label(r['end'])}" for r in rows]
+    fig = go.Figure()
+    for key, name, line in _ratio_series(section):
+        fig.add_trace(go.Scatter(
+            x=x, y=[r[key] for r in rows], mode="lines+markers", name=name, line=line,
+            customdata=[r["teacher_ppl"] for r in rows],
+            hovertemplate="positions %{x}<br>ppl / teacher's %{y:.3f}<br>teacher ppl %{customdata:.3f}<extra>"
+                          + name + "</extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="gray", annotation_text="teacher")
+    fig.update_layout(title=f"Perplexity / teacher's by position (trained on {section['train_seq_len']} tokens)",
+                      template=TEMPLATE, xaxis_title="position of the predicted token",
+                      yaxis_title="perplexity / teacher's (lower is better)", height=400, margin={"t": 60, "b": 40})
+    return fig
+
+
+def passkey_heatmaps(passkey: dict[str, Any], window_label: str) -> go.Figure:
+    """The passkey grid (``long_context.passkey``, like the paper's Fig. 10): teacher, student and
+    the student-window baseline (``window_label``) side by side; x the depth of the key in the
+    prompt, y the prompt length, colour the accuracy on one 0..1 scale, written in each cell."""
+    models = [("teacher", "teacher"), ("student", "student"), ("window", window_label)]
+    depths = [f"{d:g}" for d in passkey["depths"]]
+    lengths = [str(n) for n in passkey["lengths"]]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[title for _, title in models], horizontal_spacing=0.06)
+    for col, (key, title) in enumerate(models, start=1):
+        z = passkey["accuracy"][key]
+        fig.add_trace(go.Heatmap(
+            z=z, x=depths, y=lengths, coloraxis="coloraxis", text=[[f"{v:.0%}" for v in row] for row in z],
+            texttemplate="%{text}", name=title,
+            hovertemplate="length %{y}<br>depth %{x}<br>accuracy %{z:.0%}<extra>" + title + "</extra>"),
+            row=1, col=col)
+    fig.update_xaxes(title_text="depth of the key", type="category")
+    fig.update_yaxes(type="category")
+    fig.update_yaxes(title_text="prompt length (tokens)", row=1, col=1)
+    fig.update_layout(title=f"Passkey retrieval ({passkey['trials']} keys a cell)", template=TEMPLATE,
+                      height=max(320, 160 + 60 * len(lengths)), margin={"t": 80, "b": 40},
+                      coloraxis={"colorscale": "Viridis", "cmin": 0.0, "cmax": 1.0,
+                                 "colorbar": {"title": {"text": "accuracy"}}})
+    return fig

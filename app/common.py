@@ -188,10 +188,17 @@ def fmt_bytes(n: float | None) -> str:
     return f"{n:.1f} TiB"
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def fmt_number(value: float | None, digits: int = 4) -> str:
-    if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "n/a"
-    return f"{value:.{digits}g}"
+    return f"{value:.{digits}g}" if _finite(value) else "n/a"
+
+
+def fmt_ratio(value: float | None) -> str:
+    """A perplexity ratio with 3 decimals (1.0012 reads 1.001, never 1), ``n/a`` when unknown."""
+    return f"{value:.3f}" if _finite(value) else "n/a"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -237,6 +244,7 @@ STAGE_NAMES = {  # progress stages of a conversion (core.pipeline.convert) and a
     "teacher_eval": "teacher perplexity", "stage1": "stage 1: attention transfer", "stage2": "stage 2: LoRA",
     "student_eval": "student perplexity", "student_val": "student validation", "bench": "benchmark",
     "teacher_tasks": "teacher tasks", "student_tasks": "student tasks",
+    "long_context": "long context", "long_context_passkey": "long-context passkey grid",
 }
 
 
@@ -257,18 +265,58 @@ def progress_fraction(job: JobInfo) -> float | None:
 # ----------------------------------------------------------------------------------------------
 
 
+def read_json(path: Path | None) -> dict | None:
+    """The JSON object in ``path``, or None (no file, not JSON, not an object); never raises."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def report(job: JobInfo) -> dict | None:
     """The job's report (result column or ``report.json``), or None; never raises on a bad file."""
     if job.result is not None:
         return job.result
-    path = job.run_dir / "report.json" if job.run_dir else None
-    if path and path.is_file():
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
-    return None
+    return read_json(job.run_dir / "report.json" if job.run_dir else None)
+
+
+def long_context(result: dict | None) -> dict | None:
+    """The ``long_context`` section of a report or ``eval.json`` (:mod:`core.eval.long_context`), or
+    None when it is absent (older reports), null (nothing converted) or has no length evaluated."""
+    section = (result or {}).get("long_context")
+    return section if isinstance(section, dict) and section.get("by_length") else None
+
+
+def verdicts(section: dict) -> dict[str, str]:
+    """Baseline name -> its verdict sentence (the section lists one per baseline, in the order of
+    ``baselines``); a sentence with ``WORSE`` means the untrained baseline beat the student."""
+    return dict(zip(section.get("baselines", {}), section.get("verdict", [])))
+
+
+def window_worse(section: dict) -> str | None:
+    """The verdict sentence when the student is worse than the student-window baseline (the
+    teacher's softmax over the student's own window and sinks, untrained) at some length, else None."""
+    line = verdicts(section).get("window")
+    return line if line and "WORSE" in line else None
+
+
+def ratio_headline(result: dict, seq_len: int | None) -> str:
+    """``ppl ratio 1.062 at 512 · 1.180 at 4096 (window 64+4: 1.450)``: the report's student /
+    teacher perplexity at the training length ``seq_len``, then, with a long-context section, the
+    student's ratio at the longest evaluated length and the student-window baseline's there."""
+    text = f"ppl ratio {fmt_ratio(result.get('ppl_ratio'))}" + (f" at {seq_len}" if seq_len else "")
+    section = long_context(result)
+    if section is None:
+        return text
+    longest = section["by_length"][-1]
+    text += f" · {fmt_ratio(longest['student']['ratio'])} at {longest['length']}"
+    window = section.get("baselines", {}).get("window")
+    if window and "window" in longest:
+        text += f" (window {window['window']}+{window['sinks']}: {fmt_ratio(longest['window']['ratio'])})"
+    return text
 
 
 def _layer_list(value: Any) -> list[int] | None:

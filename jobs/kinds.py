@@ -41,11 +41,12 @@ import dataclasses
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo,
+                      field_validator)
 
-from core.config import PRESET_DESCRIPTIONS
+from core.config import PRESET_DESCRIPTIONS, LongContextSpec
 from core.config import PRESETS as CONVERT_PRESETS
 from core.workspace import safe_child
 from jobs.errors import ConfigError, UnknownKind
@@ -245,47 +246,86 @@ register_preset("bench-cpu", "benchmark", {"batch_sizes": [1, 4], "prompt_length
 
 
 class EvaluateConfig(BaseModel):
-    """The ``evaluate`` kind's config: task accuracy of one converted model, teacher vs student."""
+    """The ``evaluate`` kind's config: task accuracy (``tasks``) and / or quality by context length
+    (``lengths``) of one converted model, teacher vs student; :func:`check_evaluate` refuses a
+    config that asks for neither."""
 
     model_config = ConfigDict(extra="forbid")
     run: WorkspacePath  # a run folder (a conversion job's is runs/<id>) or an export, in the workspace
-    tasks: str = "offline"  # lm-eval task names, comma-separated, or 'paper' / 'offline'
+    tasks: str | None = None  # lm-eval task names, comma-separated, or 'paper' / 'offline' (None: no task accuracy)
     num_fewshot: int | None = Field(None, ge=0)  # None: each task's own count
     limit: int | None = Field(None, ge=1)  # at most this many items per task
     batch_size: int = Field(1, ge=1)
+    # quality by context length against the untrained sliding-window baselines (core.eval.long_context):
+    # token counts ("256,1024" is read as a list), "auto" (up to 8x the training length), or None: not run
+    lengths: list[int] | Literal["auto"] | None = None
+    sequences: int = Field(2, ge=1)  # held-out sequences of the longest length
+
+    @field_validator("lengths", mode="before")
+    @classmethod
+    def _lengths(cls, value: Any) -> Any:
+        """Comma-separated text read as a list, then checked and sorted as LongContextSpec does."""
+        if value is None:
+            return None
+        if isinstance(value, str) and value.strip() != "auto":
+            try:
+                value = [int(part) for part in value.split(",") if part.strip()]
+            except ValueError:
+                raise ValueError(f"lengths takes 'auto' or token counts separated by commas, got {value!r}") from None
+        try:
+            return LongContextSpec(lengths=value).lengths
+        except ValidationError as exc:
+            raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+
+    def long_context(self) -> LongContextSpec:
+        return LongContextSpec(lengths=self.lengths, sequences=self.sequences)
 
 
 EXPORT_CONFIG = "lolcats.json"  # an export's marker file (core.pipeline.runs.EXPORT_CONFIG, which imports torch)
 
 
-class RunFolderMissing(ValueError):
-    """The ``run`` of an evaluation is neither a converted run folder nor an export."""
+class EvaluateRefused(ValueError):
+    """An evaluate config that validates but cannot run: ``field`` names the field, ``problem`` says why."""
 
-    field = "run"
-
-    def __init__(self, problem: str):
-        super().__init__(f"run: {problem}")
-        self.problem = problem
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
 
 
 def check_evaluate(config: EvaluateConfig, workspace: Path | None) -> None:
-    """Refuse at submit a ``run`` that holds no converted model (reads file names only: no torch)."""
+    """Refuse at submit a config that asks for nothing, and a ``run`` that holds no converted model
+    (reads file names only: no torch)."""
+    if config.tasks is None and config.lengths is None:
+        raise EvaluateRefused("tasks", "nothing to evaluate: give tasks (offline, paper or lm-eval task names), "
+                                       "lengths (auto or token counts such as 256,1024,2048,4096), or both")
     path = Path(workspace or Path.cwd()) / config.run
     is_run = (path / "config.json").is_file() and any((path / stage).is_dir() for stage in ("stage1", "stage2"))
     if not (is_run or (path / EXPORT_CONFIG).is_file()):
-        raise RunFolderMissing(f"{config.run!r} is not a converted run folder (config.json and stage checkpoints) "
-                               f"or an export ({EXPORT_CONFIG}); give the run folder of a finished conversion, "
-                               "e.g. runs/<job id>")
+        raise EvaluateRefused("run", f"{config.run!r} is not a converted run folder (config.json and stage "
+                                     f"checkpoints) or an export ({EXPORT_CONFIG}); give the run folder of a "
+                                     "finished conversion, e.g. runs/<job id>")
 
 
 def run_evaluate_job(config: EvaluateConfig, run_dir: Path, progress) -> dict:
-    """The ``evaluate`` kind: teacher and student on ``config.tasks`` (report.json); each finished task
-    is kept in ``run_dir/tasks`` and a resumed job skips it."""
+    """The ``evaluate`` kind (report.json), on the model loaded once: with ``tasks``, teacher and
+    student on them (each finished task is kept in ``run_dir/tasks`` and a resumed job skips it);
+    with ``lengths``, the report's ``long_context`` section (core.eval.long_context) on the bundled
+    held-out text, ``"auto"`` lengths relative to the run's training length ``data.seq_len``."""
     from core.eval.harness import evaluate_tasks  # torch and lm-eval load here, in the job process only
+    from core.eval.long_context import long_context_report
+    from core.pipeline.runs import load_converted
 
-    return evaluate_tasks(Path.cwd() / config.run, config.tasks, num_fewshot=config.num_fewshot, limit=config.limit,
-                          batch_size=config.batch_size, output=run_dir / "report.json", progress=progress,
-                          workspace=Path.cwd(), cache_dir=run_dir / "tasks")
+    run = Path.cwd() / config.run
+    model, tokenizer, info = loaded = load_converted(run, workspace=Path.cwd())
+    report = {} if config.tasks is None else evaluate_tasks(
+        run, config.tasks, num_fewshot=config.num_fewshot, limit=config.limit, batch_size=config.batch_size,
+        progress=progress, workspace=Path.cwd(), cache_dir=run_dir / "tasks", loaded=loaded)
+    if config.lengths is not None:
+        trained = info["config"]  # the run's conversion config (an export keeps its run's)
+        report["long_context"] = long_context_report(model, tokenizer, config.long_context(),
+                                                     trained["data"]["seq_len"], seed=trained.get("seed", 0),
+                                                     progress=progress)
+    return report
 
 
 register_kind(JobKind(
@@ -293,7 +333,8 @@ register_kind(JobKind(
     config_model=EvaluateConfig,
     run=run_evaluate_job,
     check=check_evaluate,
-    description="Task accuracy of a converted model and its teacher through lm-evaluation-harness (report.json).",
+    description="Task accuracy (lm-evaluation-harness) and / or quality by context length of a converted model "
+                "and its teacher (report.json).",
 ))
 
 

@@ -1,7 +1,10 @@
 """Evaluation: task accuracy of teacher and student (lm-evaluation-harness), per task with error
-bars, the retention ratio student / teacher, and several runs side by side. Results come from
-evaluate jobs' reports and from conversions whose config asked for tasks (report.json ``tasks``);
-a form queues an evaluation of a finished conversion (it never runs in the UI process)."""
+bars, the retention ratio student / teacher, and several runs side by side; and quality by context
+length of one conversion against the untrained sliding-window baselines (core.eval.long_context).
+Task results come from evaluate jobs' reports and from conversions whose config asked for tasks
+(report.json ``tasks``); long-context sections from evaluate jobs on the run, ``lolcats eval``'s
+eval.json and the conversion's report.json. A form queues an evaluation of a finished conversion
+(it never runs in the UI process)."""
 
 from __future__ import annotations
 
@@ -9,10 +12,13 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, common
+from core.cli.evaluate import EVAL_FILE
+from core.export.card import length_table
 from jobs.records import JobInfo
 
-EVALUATE = "evaluate"  # job kind of a task evaluation (core.eval.harness.evaluate_tasks)
+EVALUATE = "evaluate"  # job kind of an evaluation (jobs.kinds.run_evaluate_job)
 DEFAULT_LIMIT = 20  # items per task the form proposes (0: every item)
+LENGTHS_HINT = "256,1024,2048,4096"  # the context lengths the empty state suggests
 
 
 def _results(job: JobInfo) -> dict[str, dict] | None:
@@ -35,18 +41,24 @@ def _launch_form(conversions: list[JobInfo], expanded: bool) -> None:
         st.caption("Runs the teacher (the same weights with the original attention) and the converted student "
                    "through lm-evaluation-harness on the same items, in the background like a conversion. "
                    "`offline` is the bundled task set (no network); `paper` is the LoLCATs suite (PiQA, ARC, "
-                   "HellaSwag, Winogrande, MMLU 5-shot), which downloads its data sets from the hub.")
+                   "HellaSwag, Winogrande, MMLU 5-shot), which downloads its data sets from the hub. Context "
+                   "lengths add quality by context length against the untrained sliding-window baselines.")
         by_id = {j.id: j for j in conversions}
         chosen = st.selectbox("Conversion", list(by_id), key="eval_conversion",
                               format_func=lambda i: common.job_label(by_id[i]))
-        c1, c2 = st.columns([3, 1])
+        c1, c2, c3 = st.columns([2, 1, 2])
         tasks = c1.text_input("Tasks", "offline", key="eval_tasks",
-                              help="lm-eval task names separated by commas, or `offline` / `paper`.")
+                              help="lm-eval task names separated by commas, or `offline` / `paper`; empty: no task "
+                                   "accuracy.")
         limit = c2.number_input("Items per task (0: all)", min_value=0, value=DEFAULT_LIMIT, key="eval_limit")
+        lengths = c3.text_input("Context lengths", "", key="eval_lengths", placeholder=LENGTHS_HINT,
+                                help="Quality by context length against the untrained sliding-window baselines: "
+                                     "token counts separated by commas, or `auto` (up to 8x the training length); "
+                                     "empty: none.")
         if st.button("Evaluate", type="primary", key="eval_submit", icon=":material/play_arrow:"):
             job = by_id[chosen]
-            config = {"run": job.run_dir.relative_to(common.workspace()).as_posix(), "tasks": tasks.strip(),
-                      "limit": int(limit) or None}
+            config = {"run": job.run_dir.relative_to(common.workspace()).as_posix(), "tasks": tasks.strip() or None,
+                      "limit": int(limit) or None, "lengths": lengths.strip() or None}
             common.queue_and_show(EVALUATE, config, f"eval-{job.id}",
                                   lambda queued: f"Queued evaluation job #{queued.id} of conversion #{job.id}.")
 
@@ -57,7 +69,14 @@ def _active() -> None:
         fraction = common.progress_fraction(job) or 0.0
         where = (f"{common.stage_name(job.progress_stage)} {job.progress_step}/{job.progress_total} items"
                  if job.progress_step is not None else job.status)
-        st.progress(fraction, text=f"#{job.id} {job.name or ''} on {job.config.get('tasks')}: {where}")
+        st.progress(fraction, text=f"#{job.id} {job.name or ''} on {_asked(job.config)}: {where}")
+
+
+def _asked(config: dict) -> str:
+    """What an evaluate job measures: its tasks, long context at its lengths, or both."""
+    lengths = config.get("lengths")
+    long = lengths and "long context " + (lengths if isinstance(lengths, str) else ",".join(map(str, lengths)))
+    return " + ".join(part for part in (config.get("tasks"), long) if part)
 
 
 def _table(runs: dict[str, dict[str, dict]]) -> pd.DataFrame:
@@ -90,9 +109,55 @@ def _compare(sources: list[tuple[JobInfo, dict[str, dict]]]) -> None:
     st.dataframe(_table(runs), hide_index=True, width="stretch")
 
 
+def _long_context_sources(job: JobInfo) -> list[tuple[str, dict]]:
+    """``(where from, section)`` of every long-context evaluation of conversion ``job``: evaluate jobs
+    on its run folder (newest first), then ``lolcats eval``'s eval.json, then its own report.json."""
+    here = job.run_dir.resolve()
+    found = [(f"evaluate job #{ev.id}", common.long_context(common.report(ev)))
+             for ev in common.list_jobs(kind=EVALUATE, status="succeeded")
+             if (common.workspace() / ev.config.get("run", "")).resolve() == here]
+    found += [(f"`lolcats eval` ({EVAL_FILE})", common.long_context(common.read_json(job.run_dir / EVAL_FILE))),
+              ("the conversion's report", common.long_context(common.report(job)))]
+    return [(where, section) for where, section in found if section]
+
+
+def _long_context(conversions: list[JobInfo]) -> None:
+    """Quality by context length of one conversion: ratio by position (chart) and by length (table),
+    the verdict against each baseline, and the passkey grid."""
+    st.subheader("Long context")
+    job = common.conversion_picker(conversions, key="long_conversion")
+    sources = _long_context_sources(job)
+    if not sources:
+        run = job.run_dir.relative_to(common.workspace()).as_posix()
+        st.info(f"This run has no long-context evaluation: `lolcats eval {run} --lengths {LENGTHS_HINT}` measures one "
+                "(or queue one above with context lengths).")
+        return
+    by_where = dict(sources)
+    where = sources[0][0] if len(sources) == 1 else st.selectbox("Long-context evaluation", list(by_where),
+                                                                 key="long_source")
+    section = by_where[where]
+    dropped = section.get("dropped_lengths")
+    st.caption(f"From {where}: {section['text']}, {section['sequences']} held-out sequence(s), trained on "
+               f"{section['train_seq_len']}-token blocks. Ratios are perplexity over the teacher's (lower is better, "
+               "1.000 = as good as the teacher); the baselines are the teacher's own softmax over a window of "
+               "recent keys plus sink tokens, untrained." + (f" Left out for time: {', '.join(map(str, dropped))} tokens."
+                                                if dropped else ""))
+    for line in section.get("verdict", []):
+        (st.error if "WORSE" in line else st.success)(f"{line[:1].upper()}{line[1:]}.")
+    st.plotly_chart(charts.position_ratios(section), key="long_positions")
+    header, rows = length_table(section)
+    st.dataframe(pd.DataFrame(rows, columns=header), hide_index=True, width="stretch",
+                 column_config={**{name: st.column_config.NumberColumn(format="%.3f") for name in header[1:-1]},
+                                "top-1 agreement": st.column_config.NumberColumn(format="percent")})
+    if section.get("passkey"):
+        st.plotly_chart(charts.passkey_heatmaps(section["passkey"], section["baselines"]["window"]["label"]),
+                        key="long_passkey")
+
+
 st.title("Evaluation")
 st.caption("Task accuracy, measured the way the field measures it: lm-evaluation-harness on the teacher and the "
-           "converted student, side by side.")
+           "converted student, side by side; and quality by context length against the untrained "
+           "sliding-window baselines.")
 common.show_flash()
 conversions = common.finished_conversions()
 sources = [(job, results) for job in [*common.list_jobs(kind=EVALUATE, status="succeeded"),
@@ -101,11 +166,11 @@ sources = [(job, results) for job in [*common.list_jobs(kind=EVALUATE, status="s
 _active()
 if sources:
     _compare(sources)
-    if conversions:
-        _launch_form(conversions, expanded=False)
 elif conversions:
     st.info("No task accuracy yet. Evaluate a finished conversion on the offline tasks (a few minutes on CPU "
             "with the bundled model), or set `eval.tasks` in a conversion's config to evaluate it as it finishes.")
-    _launch_form(conversions, expanded=True)
 else:
     common.no_conversion_notice("The Evaluation view", "eval_demo")
+if conversions:
+    _launch_form(conversions, expanded=not sources)
+    _long_context(conversions)

@@ -125,11 +125,14 @@ def _details(job: JobInfo) -> None:
 
 
 def _headline(job: JobInfo, result: dict) -> None:
-    """The conversion's figures in one row: perplexities, their ratio, passkey accuracy, time taken."""
+    """The conversion's figures in one row: perplexities, their ratio, passkey accuracy, time taken;
+    under it the ratio at the training length and at the longest evaluated length against the
+    student-window baseline, with a warning when that untrained baseline beats the student."""
     cols = st.columns(5)
     cols[0].metric("Teacher perplexity", common.fmt_number(result.get("teacher_ppl")))
     cols[1].metric("Student perplexity", common.fmt_number(result.get("student_ppl")))
-    cols[2].metric("Ratio", common.fmt_number(result.get("ppl_ratio"), 3), help="student / teacher perplexity")
+    cols[2].metric("Ratio", common.fmt_ratio(result.get("ppl_ratio")), help="student / teacher perplexity at the "
+                   "training length (lower is better; 1.000 = as good as the teacher)")
     passkey = result.get("passkey") or {}
     cols[3].metric("Passkey (student / teacher)",
                    f"{common.fmt_number(passkey.get('student_accuracy'), 2)} / "
@@ -139,6 +142,11 @@ def _headline(job: JobInfo, result: dict) -> None:
         seconds = (job.finished_at - job.started_at).total_seconds()
     cols[4].metric("Time", common.fmt_duration(seconds) or "n/a", help="load, teacher evaluation, both stages "
                                                                       "and the final evaluation")
+    st.markdown(common.ratio_headline(result, job.config.get("data", {}).get("seq_len")))
+    section = common.long_context(result)
+    worse = section and common.window_worse(section)
+    if worse:
+        st.warning(f"Long context: {worse}.", icon=":material/warning:")
 
 
 def _result(job: JobInfo, result: dict) -> None:

@@ -9,6 +9,19 @@ LoLCATs attention (see :func:`core.attention.hybrid_attention`):
 
 (W(n) holds the first ``sink_tokens`` keys as well, for every later query.)
 
+History normalisation (``history_norm``, a deviation from the paper, off with ``"none"``): with
+``"power"`` the history term of query n, numerator and denominator alike, is scaled by
+
+    r_h(n) = N(n)^(-alpha_h),   N(n) = max(window_start(p_n) - sink_tokens, 1),   alpha_h = sigmoid(a_h)
+
+where p_n is the query's position from its row's first real token and N(n) the number of history
+positions (``kernels.hybrid.window``). Unscaled, the history's mass phi_q^T z grows with the number
+of history tokens while the max-normalised window's is bounded by its size, so a mixing learned on
+short blocks lets the history swamp the window on long inputs; alpha_h (one per head, learned in
+stage 1, 0.5 at start) sets how fast the history's mass may grow: N^(1 - alpha_h). r_h(n) depends
+on the query's position only, so it multiplies phi_q(q_n) before the attention op, and every form
+of the op (chunked, Triton, recurrent decode, carried chunk) computes the same thing.
+
 Modes (``module.mode``):
   * ``"student"``: LoLCATs attention (the converted model);
   * ``"teacher"``: the original softmax attention through the model's attention interface (with
@@ -35,8 +48,21 @@ from core.attention.functional import hybrid_attention
 from kernels import dispatch
 from kernels.hybrid.blocks import blocks, cpu_inference
 from kernels.hybrid.recurrent_torch import HybridState
+from kernels.hybrid.window import window_start
 
 MODES = ("student", "teacher", "distill")
+HISTORY_NORMS = ("none", "power")
+
+
+def query_positions(mask: torch.Tensor | None, state: HybridState | None, B: int, L: int, device) -> torch.Tensor:
+    """[B, L] positions of L new tokens from each row's first real token (negative before it),
+    after the tokens a decode ``state`` has seen (None: a prompt from its start)."""
+    valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=device)
+    seen = 0 if state is None else state.seen
+    first = seen + (valid.long().cumsum(-1) == 0).sum(-1)  # the chunk's first real token (L when none)
+    if state is not None:
+        first = torch.where(state.first >= 0, state.first, first)
+    return seen + torch.arange(L, device=device)[None, :] - first[:, None]
 
 
 class PaddingMask:
@@ -77,6 +103,7 @@ class LolcatsAttention(nn.Module):
         num_kv_heads: int,
         padding: PaddingMask,
         sink_tokens: int = 0,
+        history_norm: str = "none",
     ):
         super().__init__()
         for name in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
@@ -96,6 +123,11 @@ class LolcatsAttention(nn.Module):
         self.feature_map_q = build_feature_map(feature_map, num_heads, self.head_dim, feature_dim, feature_init).to(device)
         self.feature_map_k = build_feature_map(feature_map, num_heads, self.head_dim, feature_dim, feature_init).to(device)
         self.mix = nn.Parameter(torch.full((num_heads,), math.log(init_mix / (1 - init_mix)), device=device))
+        if history_norm not in HISTORY_NORMS:
+            raise ValueError(f"unknown history_norm {history_norm!r}; valid: {', '.join(HISTORY_NORMS)}")
+        self.history_norm = history_norm
+        if history_norm == "power":  # alpha_h = sigmoid(0) = 0.5 at start
+            self.history_power = nn.Parameter(torch.zeros(num_heads, device=device))
         self.padding = padding
         self.mode = "student"
         self.distill_outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (student, teacher)
@@ -104,7 +136,15 @@ class LolcatsAttention(nn.Module):
 
     def extra_repr(self) -> str:
         sinks = f", sink_tokens={self.sink_tokens}" if self.sink_tokens else ""
-        return f"kind={self.kind}, window_size={self.window_size}{sinks}, heads={self.num_heads}/{self.num_kv_heads}"
+        norm = f", history_norm={self.history_norm}" if self.history_norm != "none" else ""
+        return (f"kind={self.kind}, window_size={self.window_size}{sinks}{norm}, "
+                f"heads={self.num_heads}/{self.num_kv_heads}")
+
+    def trained_parameters(self) -> list[nn.Parameter]:
+        """What conversion adds to the layer and trains: feature maps, mixing factors and, with
+        ``history_norm="power"``, the history exponents."""
+        extra = [self.history_power] if self.history_norm == "power" else []
+        return [*self.feature_map_q.parameters(), *self.feature_map_k.parameters(), self.mix, *extra]
 
     def project(self, hidden_states, position_embeddings):
         """q [B, H, L, d], k and v [B, H_kv, L, d], after the optional q/k norms and RoPE."""
@@ -118,9 +158,21 @@ class LolcatsAttention(nn.Module):
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         return q, k, v
 
-    def features(self, q, k):
-        """phi_q(q), phi_k(k) per query head: [B, H, L, F] each (keys repeated for the map only)."""
-        return self.feature_map_q(q), self.feature_map_k(repeat_kv(k, self.num_key_value_groups))
+    def features(self, q, k, pos: torch.Tensor | None = None):
+        """phi_q(q) (times the history scale r(n) of the queries at positions ``pos`` [B, L], default
+        0..L-1) and phi_k(k) per query head: [B, H, L, F] each (keys repeated for the map only)."""
+        return self.query_features(q, pos), self.feature_map_k(repeat_kv(k, self.num_key_value_groups))
+
+    def query_features(self, q, pos: torch.Tensor | None = None):
+        """r_h(n) phi_q(q_n): [B, H, L, F] (r = 1 unless ``history_norm`` is ``"power"``)."""
+        qf = self.feature_map_q(q)
+        if self.history_norm == "none":
+            return qf
+        if pos is None:
+            pos = query_positions(None, None, q.shape[0], q.shape[2], q.device)
+        n = (window_start(self.kind, self.window_size, pos) - self.sink_tokens).clamp(min=1).to(qf.dtype)
+        alpha = torch.sigmoid(self.history_power.to(qf.dtype))
+        return qf * torch.exp(-alpha[None, :, None, None] * n.log()[:, None, :, None])
 
     def row_pieces(self, q) -> list[slice]:
         """Row ranges of a prompt's batch for :meth:`student`: one piece when autograd records the
@@ -135,7 +187,7 @@ class LolcatsAttention(nn.Module):
     def prefill(self, q, k, v, mask, keep_state: bool):
         """Outputs of a whole prompt from an empty state, and the state it leaves (None unless
         ``keep_state``)."""
-        qf, kf = self.features(q, k)
+        qf, kf = self.features(q, k, query_positions(mask, None, q.shape[0], q.shape[2], q.device))
         y = hybrid_attention(q, k, v, qf, kf, self.mix, self.kind, self.window_size, mask, self.scaling, self.sink_tokens)
         if not keep_state:
             return y, None
@@ -167,15 +219,16 @@ class LolcatsAttention(nn.Module):
         B, L = q.shape[0], q.shape[2]
         valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
         key_features = lambda keys: self.feature_map_k(repeat_kv(keys, self.num_key_value_groups))
+        pos = query_positions(valid, layer.state, B, L, q.device)
         if L > 1:
-            qf, kf = self.features(q, k)
+            qf, kf = self.features(q, k, pos)
             out = dispatch.prefill_chunk(layer.state, self.kind, self.window_size, q, k, v, qf, kf, self.mix, valid,
                                          key_features, self.scaling)
             if out is not None:
                 y, layer.state = out
                 return y
         else:
-            qf = self.feature_map_q(q)
+            qf = self.query_features(q, pos)
         outs = []
         for t in range(L):
             y, layer.state = dispatch.decode_step(
@@ -218,7 +271,7 @@ class LolcatsAttention(nn.Module):
                 y = self.teacher(q, k, v, attention_mask, **kwargs)
             self.distill_outputs = (self.student(q, k, v, mask, None), y)
             if self.keep_qk:  # for the attention-map cross-entropy
-                self.distill_qk = (q, k, *self.features(q, k))
+                self.distill_qk = (q, k, *self.features(q, k, query_positions(mask, None, B, L, q.device)))
         else:
             raise ValueError(f"unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}")
         return self.o_proj(y.transpose(1, 2).reshape(B, L, -1)), None

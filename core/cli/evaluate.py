@@ -1,4 +1,5 @@
-"""``lolcats eval``: held-out perplexity, per-layer attention MSE and passkey retrieval of a converted model,
+"""``lolcats eval``: held-out perplexity, per-layer attention MSE, passkey retrieval and quality by
+context length (``--lengths``, against the untrained sliding-window baselines) of a converted model,
 or, with ``--tasks``, task accuracy of teacher and student through lm-evaluation-harness.
 
 Without ``--tasks``: prints a short summary (teacher and student perplexity, their ratio, passkey
@@ -32,6 +33,50 @@ def summary_table(report: dict) -> Table:
     table.add_row("ppl ratio (student / teacher)", "", ratio)
     table.add_row("passkey accuracy", *(f"{key[f'{m}_accuracy']:.0%}" if key else "-" for m in ("teacher", "student")))
     return table
+
+
+def long_context_tables(section: dict) -> list[Table]:
+    """Quality by length and by position bucket, student and baselines as ratios to the teacher's
+    perplexity, and the passkey grid when there is one."""
+    names = ["student", *section["baselines"]]
+    titles = {"student": "student", **{n: b["label"] for n, b in section["baselines"].items()}}
+    by_length = Table(title=f"perplexity / teacher's by context length ({section['text']}, "
+                            f"{section['sequences']} sequence(s); trained on {section['train_seq_len']})")
+    for column in ("length", "teacher ppl", *(titles[n] for n in names), "top-1 agreement"):
+        by_length.add_column(column, justify="right")
+    for row in section["by_length"]:
+        by_length.add_row(str(row["length"]), f"{row['teacher_ppl']:.3f}", *(f"{row[n]['ratio']:.3f}" for n in names),
+                          f"{row['student']['top1_agreement']:.0%}")
+    by_position = Table(title="by position of the predicted token")
+    for column in ("positions", "teacher ppl", *(titles[n] for n in names)):
+        by_position.add_column(column, justify="right")
+    for row in section["by_position"]:
+        by_position.add_row(f"{row['start']}-{row['end']}", f"{row['teacher_ppl']:.3f}",
+                            *(f"{row[n]:.3f}" for n in names))
+    tables = [by_length, by_position]
+    key = section.get("passkey")
+    if key:
+        grid = Table(title=f"passkey accuracy ({key['trials']} trials a cell): teacher / student / "
+                           f"{section['baselines']['window']['label']}")
+        grid.add_column("length \\ depth", justify="right")
+        for depth in key["depths"]:
+            grid.add_column(f"{depth:g}", justify="right")
+        acc = key["accuracy"]
+        for i, n in enumerate(key["lengths"]):
+            grid.add_row(str(n), *(" / ".join(f"{acc[m][i][j]:.0%}" for m in ("teacher", "student", "window"))
+                                   for j in range(len(key["depths"]))))
+        tables.append(grid)
+    return tables
+
+
+def parse_lengths(text: str | None) -> list[int] | str | None:
+    """``--lengths``: None (the run's settings), ``off``, ``auto`` or comma-separated token counts."""
+    if text is None or text in ("auto", "off"):
+        return text
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--lengths takes 'auto', 'off' or comma-separated token counts, got {text!r}")
 
 
 def tasks_table(report: dict) -> Table:
@@ -68,6 +113,13 @@ def evaluate(
                                               "for every task (default: the task's own; 'paper' uses 5 for MMLU)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="With --tasks: at most N items per task."),
     batch_size: int = typer.Option(1, "--batch-size", min=1, help="With --tasks: lm-eval batch size."),
+    lengths: Optional[str] = typer.Option(None, "--lengths", help="Context lengths for quality by length against "
+                                          "the sliding-window baselines, e.g. 256,1024,2048,4096; 'auto' (up to 8x "
+                                          "the training length) or 'off' (default: the run's eval.long_context)."),
+    sequences: Optional[int] = typer.Option(None, "--sequences", min=1, help="Held-out sequences of the longest "
+                                            "length (default: the run's eval.long_context.sequences)."),
+    grid_trials: Optional[int] = typer.Option(None, "--passkey-grid-trials", min=0, help="Passkey keys per length "
+                                              "and depth of the long-context grid (0: no grid)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help=f"JSON report (default: RUN/{EVAL_FILE}, "
                                           f"with --tasks RUN/{TASKS_FILE})."),
     workspace: Optional[Path] = WorkspaceOpt,
@@ -84,17 +136,25 @@ def evaluate(
         console.print(f"report: {output or run / TASKS_FILE}")
         return
     from core.config import build_config
+    from core.eval.long_context import long_context_report
     from core.eval.metrics import per_layer_mse, perplexity, teacher_context
     from core.export.teacher import teacher_problem
     from core.io import atomic_write_json
     from core.pipeline.convert import eval_text_blocks, passkey_report
     from core.pipeline.runs import load_converted
 
+    long_lengths = parse_lengths(lengths)
     model, tokenizer, info = load_converted(run, workspace=workspace)
     run_config = info.get("config", {})  # the run's own settings (an export keeps its run's)
     overrides = {} if passkey_trials is None else {"passkey_trials": passkey_trials}
+    long = {**run_config.get("eval", {}).get("long_context", {}), **({} if long_lengths in (None, "off") else
+                                                                      {"lengths": long_lengths, "enabled": True})}
+    long.update({k: v for k, v in (("sequences", sequences), ("passkey_trials", grid_trials)) if v is not None})
+    if long_lengths == "off":
+        long["enabled"] = False
+    train_seq_len = run_config.get("data", {}).get("seq_len", seq_len)
     cfg = build_config({"seed": run_config.get("seed", 0), "data": {"seq_len": seq_len},
-                        "eval": {**run_config.get("eval", {}), "ppl_blocks": blocks, **overrides}})
+                        "eval": {**run_config.get("eval", {}), "ppl_blocks": blocks, **overrides, "long_context": long}})
     eval_blocks = eval_text_blocks(cfg, tokenizer)
     with RichProgress() as progress:
         student = perplexity(model, eval_blocks, progress=progress, stage="student")
@@ -106,11 +166,19 @@ def evaluate(
         mse = per_layer_mse(model, eval_blocks, min(blocks, 2))
         with_key = cfg.eval.passkey_trials and unavailable is None
         key = passkey_report(model, tokenizer, cfg.eval, cfg.seed) if with_key else None
+        with_long = cfg.eval.long_context.enabled and unavailable is None
+        long_section = long_context_report(model, tokenizer, cfg.eval.long_context, train_seq_len,
+                                           seed=cfg.seed, progress=progress) if with_long else None
     report = {"teacher_ppl": teacher, "student_ppl": student, "ppl_ratio": None if teacher is None else student / teacher,
-              "per_layer_mse": mse, "passkey": key, "teacher_unavailable": unavailable,
+              "per_layer_mse": mse, "passkey": key, "teacher_unavailable": unavailable, "long_context": long_section,
               "eval": cfg.eval.model_dump(exclude={"samples", "max_new_tokens"}), "seq_len": seq_len}
     path = atomic_write_json(output or run / EVAL_FILE, report)
     if unavailable:
         console.print(f"[yellow]teacher unavailable:[/yellow] {unavailable}", highlight=False)
     console.print(summary_table(report))
+    if long_section:
+        for table in long_context_tables(long_section):
+            console.print(table)
+        for line in long_section["verdict"]:
+            console.print(line, style="bold red" if "WORSE" in line else "green", highlight=False)
     console.print(f"report: {path}")

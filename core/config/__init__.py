@@ -22,12 +22,15 @@ from core.config.schema import (
     ConvertConfig,
     DataSpec,
     EvalSpec,
+    LongContextSpec,
     ModelSpec,
     Stage1Spec,
     Stage2Spec,
     build_config,
     build_spec,
     format_validation_error,
+    stored_attention,
+    stored_config,
     validation_problems,
 )
 from core.config.tree import FieldChange, config_diff, deep_merge, set_dotted
@@ -47,6 +50,7 @@ __all__ = [
     "ConvertConfig",
     "DataSpec",
     "EvalSpec",
+    "LongContextSpec",
     "FieldChange",
     "ModelSpec",
     "Stage1Spec",
@@ -61,5 +65,7 @@ __all__ = [
     "preset",
     "read_yaml_mapping",
     "set_dotted",
+    "stored_attention",
+    "stored_config",
     "validation_problems",
 ]

@@ -45,7 +45,9 @@ PRESETS: dict[str, dict] = {
         "stage1": {"steps": 4, "grad_accum": 1, "eval_every": 2, "eval_blocks": 2},
         "stage2": {"steps": 4, "grad_accum": 1, "lr": 1e-3, "eval_every": 2, "eval_blocks": 2},
         "eval": {"ppl_blocks": 2, "mse_blocks": 1, "passkey_lengths": [64], "passkey_depths": [0.5],
-                 "passkey_trials": 1, "samples": 1, "max_new_tokens": 8},
+                 "passkey_trials": 1, "samples": 1, "max_new_tokens": 8,
+                 "long_context": {"lengths": [64, 256], "sequences": 1, "passkey_lengths": [128],
+                                  "passkey_depths": [0.5], "passkey_trials": 1}},
     },
 }
 

@@ -77,6 +77,9 @@ class AttentionSpec(_Spec):
     softmax_layers: list[int] | Literal["auto"] = []
     softmax_budget: int | None = Field(None, ge=0)  # with softmax_layers "auto": how many layers stay softmax
     softmax_score: Literal[SOFTMAX_SCORES] = "kl"  # with "auto": kl (next-token KL) | mse (normalised output MSE)
+    # "power": the history term of query n scaled by N(n)^-alpha_h (N: its history positions, alpha_h
+    # learned per head), so the history's mass does not outgrow the window on long inputs; "none": the paper's
+    history_norm: Literal["none", "power"] = "none"
     keep_sliding_layers: bool = False  # keep the model's own sliding-window layers (Gemma 3's local ones) softmax
     init_mix: float = 0.1  # initial window weight sigmoid(mix)
     feature_init: str = "identity"  # identity | random
@@ -127,6 +130,9 @@ class AttentionSpec(_Spec):
     def _sinks_need_a_window(self):
         if self.sink_tokens and self.kind == "linear":
             raise ValueError("sink_tokens need a softmax part: use kind sliding_window or terraced, or sink_tokens 0")
+        if self.history_norm != "none" and self.kind == "linear":  # a per-query scale cancels in y = phi S / phi z
+            raise ValueError("history_norm needs a softmax part to weigh the history against: use kind "
+                             "sliding_window or terraced, or history_norm none")
         return self
 
 
@@ -168,6 +174,34 @@ class Stage2Spec(_Spec):
     _lr = field_validator("lr")(lambda v: _finite_positive("stage2.lr", v))
 
 
+class LongContextSpec(_Spec):
+    """Quality by context length (:mod:`core.eval.long_context`): teacher, student and the two
+    training-free sliding-window baselines on held-out contiguous text, and a passkey grid."""
+
+    enabled: bool = True
+    # context lengths in tokens, or "auto": powers of two from 256 (or seq_len, if shorter) to 8 x seq_len
+    lengths: list[int] | Literal["auto"] = "auto"
+    sequences: int = Field(2, ge=1)  # held-out sequences of the longest length; a shorter length reads their prefix
+    passkey_lengths: list[int] | Literal["auto"] = "auto"  # auto: 512, 1024, ... up to the longest length
+    passkey_depths: list[float] = [0.1, 0.5, 0.9]
+    passkey_trials: int = Field(4, ge=0)  # per length and depth (0: no passkey grid)
+    time_budget_s: float = Field(900.0, gt=0)  # the longest lengths are dropped when the estimate exceeds it
+
+    @field_validator("lengths", "passkey_lengths")
+    @classmethod
+    def _positive_lengths(cls, lengths: list[int] | str, info) -> list[int] | str:
+        if lengths != "auto" and (not lengths or min(lengths) < 16):
+            raise ValueError(f"{info.field_name} must be 'auto' or a non-empty list of lengths >= 16, got {lengths}")
+        return lengths if lengths == "auto" else sorted(set(lengths))
+
+    @field_validator("passkey_depths")
+    @classmethod
+    def _unit_depths(cls, depths: list[float]) -> list[float]:
+        if not depths or any(not 0.0 <= x <= 1.0 for x in depths):
+            raise ValueError(f"passkey_depths must be a non-empty list of fractions in [0, 1], got {depths}")
+        return depths
+
+
 class EvalSpec(_Spec):
     ppl_blocks: int = Field(16, ge=1)  # held-out blocks of seq_len tokens for perplexity
     mse_blocks: int = Field(4, ge=1)
@@ -179,6 +213,7 @@ class EvalSpec(_Spec):
     # task accuracy after converting (core.eval.harness): lm-eval task names, 'paper' or 'offline'
     tasks: str | None = None
     tasks_limit: int | None = Field(None, ge=1)  # at most this many items per task
+    long_context: LongContextSpec = LongContextSpec()
 
 
 class ConvertConfig(_Spec):
@@ -198,6 +233,22 @@ class ConvertConfig(_Spec):
                 f"({self.attention.window_size}); raise seq_len or lower window_size"
             )
         return self
+
+
+# Fields added after runs and exports were first written, with the value such a run had: a stored
+# config without one reads as it was trained, not as today's default.
+PREDATING = {"attention": {"history_norm": "none"}}
+
+
+def stored_attention(saved: dict) -> AttentionSpec:
+    """The attention spec a run folder or an export stored (older ones lack the later fields)."""
+    return AttentionSpec.model_validate({**PREDATING["attention"], **saved})
+
+
+def stored_config(data: dict) -> ConvertConfig:
+    """The config a run folder stored (``config.json``), older fields filled as they were then."""
+    data = {**data, **{section: {**fields, **data.get(section, {})} for section, fields in PREDATING.items()}}
+    return ConvertConfig.model_validate(data)
 
 
 def validation_problems(err: ValidationError, prefix: str = "") -> list[tuple[str, str]]:

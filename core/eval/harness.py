@@ -207,17 +207,20 @@ def entries(results: dict[str, Any]) -> list[str]:
 def evaluate_tasks(run: str | os.PathLike, tasks: str | Sequence[str], num_fewshot: int | None = None,
                    limit: int | float | None = None, batch_size: int | str = 1,
                    output: str | os.PathLike | None = None, progress: ProgressCallback | None = None,
-                   device: str = "auto", workspace=None, cache_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+                   device: str = "auto", workspace=None, cache_dir: str | os.PathLike | None = None,
+                   loaded: tuple | None = None) -> dict[str, Any]:
     """Teacher and student of ``run`` (a run folder or an export) on ``tasks``; see the module doc.
 
     Unknown task names raise :class:`ConfigError` before the model loads. The rest is
-    :func:`evaluate_model` on the loaded model; writes the result JSON to ``output`` atomically."""
+    :func:`evaluate_model` on the loaded model; writes the result JSON to ``output`` atomically.
+    ``loaded``: the ``(model, tokenizer, info)`` of :func:`core.pipeline.runs.load_converted` on
+    ``run`` when the caller has it already (``device`` is then not used)."""
     resolved = resolve_tasks(tasks, num_fewshot)
     manager = task_manager()
     check_known(list(resolved), manager)
     from core.pipeline.runs import load_converted
 
-    model, tokenizer, info = load_converted(run, device=device, workspace=workspace)
+    model, tokenizer, info = loaded or load_converted(run, device=device, workspace=workspace)
     report = evaluate_model(model, tokenizer, resolved, limit, batch_size, progress, cache_dir, manager)
     report["config"] = {"run": str(Path(run).resolve()), "run_kind": info["kind"], **report["config"]}
     if output is not None:

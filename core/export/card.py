@@ -1,10 +1,10 @@
 """The model card (``README.md``) of an export: what it is, how it was made, how well it does, how to load it.
 
 Written from the run folder: ``config.json`` (the conversion), ``report.json`` (teacher and
-student perplexity, per-layer attention MSE, passkey, task scores when present, timings) and the
-stage summaries. Training tokens are optimizer steps x batch size x gradient accumulation x
-``data.seq_len`` per stage. Hub front matter: ``license`` (when known), ``base_model`` (hub ids
-only), ``library_name: transformers`` and tags.
+student perplexity, per-layer attention MSE, passkey, task scores and quality by context length
+when present, timings) and the stage summaries. Training tokens are optimizer steps x batch size
+x gradient accumulation x ``data.seq_len`` per stage. Hub front matter: ``license`` (when known),
+``base_model`` (hub ids only), ``library_name: transformers`` and tags.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-from core.config import ConvertConfig
+from core.config import ConvertConfig, stored_config
 from core.config.constants import BUNDLED_MODEL, GEMMA3_MODEL, TINY_MODEL
 from core.models.sources import resolve_source
 
@@ -83,10 +83,42 @@ def _task_rows(tasks: dict) -> list[str]:
     return rows
 
 
+def length_table(section: dict) -> tuple[list[str], list[list]]:
+    """Quality by context length of a report's ``long_context`` section (core.eval.long_context):
+    the column names (length, teacher ppl, student, each baseline's label, top-1 agreement) and one
+    row of numbers per length. Student and baselines are perplexity / the teacher's (lower is
+    better, 1.0 = as good as the teacher); top-1 agreement is the student's with the teacher."""
+    names = ["student", *section["baselines"]]
+    header = ["length", "teacher ppl", "student", *(b["label"] for b in section["baselines"].values()),
+              "top-1 agreement"]
+    rows = [[row["length"], row["teacher_ppl"], *(row[name]["ratio"] for name in names),
+             row["student"]["top1_agreement"]] for row in section["by_length"]]
+    return header, rows
+
+
+def _long_context(section: dict | None) -> list[str]:
+    """The "Quality by context length" part of the card: the table and the verdict sentences."""
+    if not section or not section.get("by_length"):
+        return []
+    header, rows = length_table(section)
+    lines = ["## Quality by context length", "",
+             f"Perplexity over the teacher's (lower is better; 1.000 = as good as the teacher) on {section['text']}, "
+             f"{section['sequences']} held-out sequence(s); trained on {section['train_seq_len']}-token blocks. "
+             "The baselines are the teacher's own softmax attention over a window of recent keys plus sink tokens, "
+             "untrained.",
+             "", "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    for length, teacher, *ratios, agreement in rows:
+        cells = [str(length), f"{teacher:.3f}", *(f"{r:.3f}" for r in ratios), f"{agreement:.0%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"- **{line}**" if "WORSE" in line else f"- {line}" for line in section.get("verdict", [])]
+    return [*lines, ""]
+
+
 def model_card(run_dir: Path, base: dict, spec: dict, folder_name: str) -> str:
     """The card's Markdown; ``base`` as :func:`core.export.teacher.base_model_metadata`, ``spec``
     the attention spec, ``folder_name`` the export's name in the loading snippet."""
-    config = ConvertConfig.model_validate(json.loads((run_dir / "config.json").read_text()))
+    config = stored_config(json.loads((run_dir / "config.json").read_text()))
     report_file = run_dir / "report.json"
     report = json.loads(report_file.read_text()) if report_file.is_file() else {}
     source = base["source"]
@@ -156,7 +188,7 @@ def _evaluation(report: dict, spec: dict) -> list[str]:
     lines += _task_rows(report.get("tasks") or {})
     lines += ["", f"Per-layer attention-output MSE (student vs teacher): "
               f"{_mse_summary(report.get('per_layer_mse', []), spec['softmax_layers'])}.", ""]
-    return lines
+    return lines + _long_context(report.get("long_context"))
 
 
-__all__ = ["CARD_FILE", "base_model_license", "model_card", "training_tokens"]
+__all__ = ["CARD_FILE", "base_model_license", "length_table", "model_card", "training_tokens"]

@@ -9,7 +9,9 @@ Run folder layout (all under ``output``)::
     softmax_choice.json  with ``attention.softmax_layers: auto``: the layers chosen after stage 1
                       and every layer's score (core.pipeline.softmax_choice)
     report.json       teacher_ppl, student_ppl, ppl_ratio, per_layer_mse, passkey, samples, timings,
-                      softmax_layers (every layer left softmax), ``layer_score`` and ``layer_scores``
+                      softmax_layers (every layer left softmax), ``long_context`` (quality by context
+                      length against the sliding-window baselines, core.eval.long_context),
+                      ``layer_score`` and ``layer_scores``
                       with ``softmax_layers: auto``, and ``tasks`` (the task-accuracy result of
                       core.eval.harness) when ``eval.tasks`` is set
     tasks/<task>.json  a finished task's teacher/student entries (a resumed run skips it)
@@ -33,6 +35,7 @@ from core.attention.surgery import linearize, softmax_layer_indices
 from core.config import ConvertConfig, EvalSpec
 from core.data import load_blocks, load_rows, read_options
 from core.eval.harness import check_known, evaluate_model, resolve_tasks, task_manager
+from core.eval.long_context import long_context_report
 from core.eval.metrics import passkey, per_layer_mse, perplexity, samples, teacher_context
 from core.io import atomic_write_json
 from core.pipeline.prelude import save_stage_summary, stage_finished, stage_summary, start_run
@@ -138,7 +141,7 @@ def evaluate_run(model, tokenizer, config: ConvertConfig, eval_blocks, val, teac
     mse = per_layer_mse(model, eval_blocks, e.mse_blocks)
     key = passkey_report(model, tokenizer, e, config.seed)
     prompts = _sample_prompts(config, e.samples)
-    return {
+    report = {
         "teacher_ppl": teacher_ppl,
         "student_ppl": student_ppl,
         "ppl_ratio": student_ppl / teacher_ppl,
@@ -147,6 +150,10 @@ def evaluate_run(model, tokenizer, config: ConvertConfig, eval_blocks, val, teac
         "passkey": key,
         "samples": samples(model, tokenizer, prompts, e.max_new_tokens),
     }
+    if e.long_context.enabled:
+        report["long_context"] = long_context_report(model, tokenizer, e.long_context, config.data.seq_len,
+                                                     config.data.eval_text, config.seed, progress)
+    return report
 
 
 def passkey_report(model: nn.Module, tokenizer, spec: EvalSpec, seed: int) -> dict:

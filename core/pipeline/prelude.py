@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from core.config import ConfigError, ConvertConfig, config_diff
+from core.config import ConfigError, ConvertConfig, config_diff, stored_config
 from core.data import load_spec_data
 from core.io import atomic_write_json
 from core.models import check_seq_len, load_model
@@ -49,7 +49,7 @@ def prepare_run_dir(config: ConvertConfig, output: Path, resume: bool) -> None:
     if stored.exists():
         if not resume:
             raise ConfigError(f"{output} already holds a run; pass --resume to continue it or choose another --output")
-        old = json.loads(stored.read_text())
+        old = stored_config(json.loads(stored.read_text())).model_dump()  # fields it predates as they were
         diff = config_diff(old, config.model_dump())
         if diff:
             raise ConfigError("cannot resume: the config changed what was trained:\n  " + "\n  ".join(map(str, diff)))

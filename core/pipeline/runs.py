@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from core.train.checkpoint import CheckpointError, load_trainable, refuse_pickle
-from core.config import AttentionSpec, ConvertConfig
+from core.config import stored_attention, stored_config
 from core.attention.surgery import linearize
 from core.train.lora import merge_lora
 from core.export.teacher import TEACHER_ATTRIBUTE, ExportTeacher, base_model_metadata
@@ -55,7 +55,7 @@ def load_converted(path: str | os.PathLike, device: str = "auto", workspace=None
 def _load_run(path: Path, device: str, workspace) -> tuple[nn.Module, object, dict]:
     if not (path / "config.json").is_file() or not (path / "stage1").exists() and not (path / "stage2").exists():
         raise CheckpointError(f"{path} is not a converted run folder (config.json and stage checkpoints expected)")
-    config = ConvertConfig.model_validate(json.loads((path / "config.json").read_text()))
+    config = stored_config(json.loads((path / "config.json").read_text()))
     model, tokenizer = load_teacher(config, workspace, device)
     linearize(model, config.attention)
     if (path / "stage1" / "best").exists():
@@ -76,7 +76,7 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=Non
     folder also carries its modeling code (:func:`write_modeling_code`) and its model card
     (:func:`core.export.card.model_card`)."""
     model, tokenizer, info = load_converted(run_dir, device="cpu", workspace=workspace)
-    config = ConvertConfig.model_validate(info["config"])
+    config = stored_config(info["config"])
     model = merge_lora(model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -150,8 +150,8 @@ def _load_base_architecture(path: Path) -> tuple[nn.Module, object]:
 
 
 def is_lolcats_tensor(name: str) -> bool:
-    """Feature-map weights and mixing factors: the tensors conversion adds to a layer."""
-    return ".feature_map_" in name or name.endswith(".mix")
+    """Feature-map weights, mixing factors and history exponents: the tensors conversion adds to a layer."""
+    return ".feature_map_" in name or name.endswith((".mix", ".history_power"))
 
 
 def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object, dict]:
@@ -160,7 +160,7 @@ def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object,
     saved = dict(meta["linearize"])
     if "attention" in saved:  # exported before the spec took the YAML's names: attention -> kind
         saved["kind"] = saved.pop("attention")
-    linearize(model, AttentionSpec.model_validate(saved))
+    linearize(model, stored_attention(saved))
     extras = {}
     for file in sorted(path.glob("*.safetensors")):
         extras.update({k: v for k, v in load_file(str(file)).items() if is_lolcats_tensor(k)})

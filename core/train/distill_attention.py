@@ -31,12 +31,12 @@ from core.train.parallel import ONE_PROCESS
 
 
 def freeze_for_stage1(model: nn.Module, layers: range | None = None) -> None:
-    """Only feature maps and mixing factors (of ``layers``, default all converted layers) train."""
+    """Only what conversion adds (feature maps, mixing factors, history exponents) of ``layers``
+    (default all converted layers) trains."""
     trainable = set()
     for i, module in lolcats_modules(model).items():
         if layers is None or i in layers:
-            params = (*module.feature_map_q.parameters(), *module.feature_map_k.parameters(), module.mix)
-            trainable.update(id(p) for p in params)
+            trainable.update(id(p) for p in module.trained_parameters())
     for p in model.parameters():
         p.requires_grad_(id(p) in trainable)
 

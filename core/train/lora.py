@@ -33,7 +33,7 @@ def add_lora(model: nn.Module, rank: int, alpha: float, dropout: float, targets:
     peft_model = get_peft_model(model, config)
     if train_feature_maps:
         for module in lolcats_modules(peft_model.get_base_model()).values():
-            for p in (*module.feature_map_q.parameters(), *module.feature_map_k.parameters(), module.mix):
+            for p in module.trained_parameters():
                 p.requires_grad_(True)
     return peft_model
 

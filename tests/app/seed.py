@@ -8,6 +8,7 @@ process runs the registered kinds (an unregistered kind is refused at submit, so
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs import api
+from jobs import api, store
+from jobs.db import open_db
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = "tiny-random-llama"
@@ -67,3 +69,16 @@ def seed(ws: Path) -> Seeded:
         assert info.status == status, (job_id, info.status, info.error, info.log_tail)
     print(f"seeded {ws} in {time.monotonic() - t0:.0f} s through the worker")
     return Seeded(ws, a, b, c, failed)
+
+
+def finished_job(ws: Path, kind: str, config: dict, name: str, report: dict | None) -> int:
+    """A succeeded job row with ``report`` whose run folder holds a loadable-looking conversion
+    (config.json, stage1/), without running anything."""
+    db = open_db(ws)
+    job_id = store.insert_job(db, kind, config, name=name)
+    claim = store.claim_next_job(db, "otherhost:1:1")
+    run_dir = ws / claim.run_dir
+    (run_dir / "stage1").mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(config))
+    store.mark_succeeded(db, job_id, claim.attempt, report or {"student_ppl": 10.0})
+    return job_id

@@ -1,6 +1,7 @@
 """Evaluation page: teacher vs student bars with error bars, the retention ratio and the table
 show the reports' numbers, for evaluate jobs and conversions side by side; the empty state
-queues an evaluation of a finished conversion."""
+queues an evaluation of a finished conversion; a conversion's long-context section (from its
+report, eval.json or an evaluate job) shows as charts, a table and its verdicts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 from jobs import api, store
 from jobs.db import open_db
 from tests.app.apptest import button, open_page, plotly_figures, texts, widget
+from tests.app.seed import finished_job
+from tests.long_context_report import MATCHED_LABEL, WINDOW_LABEL, long_context_section
 
 PAGE = "views/evaluation.py"
 
@@ -25,18 +28,6 @@ def entry(teacher: float, student: float, stderr: float, n: int = 20) -> dict:
 
 EVAL_RESULTS = {"lolcats_kjv_next": entry(0.5, 0.4, 0.11), "lolcats_gsm8k_answer": entry(0.25, 0.3, 0.1)}
 CONVERSION_RESULTS = {"lolcats_kjv_next": entry(0.5, 0.45, 0.11, n=5), "lolcats_gsm8k_answer": entry(0.2, 0.1, 0.09, n=5)}
-
-
-def finished_job(ws, kind: str, config: dict, name: str, report: dict | None) -> int:
-    """A succeeded job row whose run folder holds a loadable-looking conversion (config.json, stage1/)."""
-    db = open_db(ws)
-    job_id = store.insert_job(db, kind, config, name=name)
-    claim = store.claim_next_job(db, "otherhost:1:1")
-    run_dir = ws / claim.run_dir
-    (run_dir / "stage1").mkdir(parents=True)
-    (run_dir / "config.json").write_text(json.dumps(config))
-    store.mark_succeeded(db, job_id, claim.attempt, report or {"student_ppl": 10.0})
-    return job_id
 
 
 @pytest.fixture
@@ -103,8 +94,25 @@ def test_the_empty_state_queues_an_evaluation_of_a_finished_conversion(fresh_ws)
     queued = api.list_jobs(kind="evaluate", workspace=fresh_ws)
     assert [(j.status, j.name) for j in queued] == [("queued", f"eval-{conversion}")]
     assert queued[0].config == {"run": f"runs/{conversion}", "tasks": "offline", "num_fewshot": None, "limit": 5,
-                                "batch_size": 1}
+                                "batch_size": 1, "lengths": None, "sequences": 2}
     assert f"Queued evaluation job #{queued[0].id} of conversion #{conversion}." in texts(at)
+
+
+def test_the_form_queues_a_long_context_evaluation_and_refuses_an_empty_one(fresh_ws):
+    conversion = finished_job(fresh_ws, "convert", {"seed": 0}, "tiny-test", None)
+    at = open_page(PAGE)
+    widget(at, "text_input", "eval_tasks").set_value("")
+    button(at, "eval_submit").click().run()
+    assert [e.value for e in at.error] == ["invalid evaluate config: tasks: nothing to evaluate: give tasks (offline, "
+                                           "paper or lm-eval task names), lengths (auto or token counts such as "
+                                           "256,1024,2048,4096), or both"]
+    assert api.list_jobs(kind="evaluate", workspace=fresh_ws) == []
+    widget(at, "text_input", "eval_lengths").set_value("1024, 256")
+    button(at, "eval_submit").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    [queued] = api.list_jobs(kind="evaluate", workspace=fresh_ws)
+    assert queued.config["tasks"] is None and queued.config["lengths"] == [256, 1024]
+    assert queued.config["run"] == f"runs/{conversion}"
 
 
 def test_without_any_conversion_the_page_offers_the_demo(fresh_ws):
@@ -124,3 +132,64 @@ def test_a_running_evaluation_shows_items_done_of_total(evaluated_ws):
     [bar] = at.get("progress")
     assert bar.proto.text == f"#{job_id} live on offline: teacher tasks 4/9 items"
     assert bar.proto.value == 44  # percent
+
+
+def _rows(table) -> list[list[float]]:
+    return [[float(v) for v in row] for row in table.values.tolist()]
+
+
+def test_long_context_of_a_conversion_shows_positions_lengths_verdicts_and_the_passkey_grid(fresh_ws):
+    section = long_context_section()
+    finished_job(fresh_ws, "convert", {"seed": 0}, "long", {"student_ppl": 10.0, "long_context": section})
+    at = open_page(PAGE)
+    assert not at.exception
+    positions = figure(at, "by position")
+    assert [t["name"] for t in positions["data"]] == ["student", WINDOW_LABEL, MATCHED_LABEL]
+    for trace, key in zip(positions["data"], ("student", "window", "memory_matched")):
+        assert trace["x"] == ["0-64", "64-256", "256-1k", "1k-2k", "2k-4k"]
+        assert trace["y"] == pytest.approx([row[key] for row in section["by_position"]])
+    assert [t["line"].get("dash") for t in positions["data"]] == [None, "dash", "dash"]  # baselines dashed
+    [teacher] = positions["layout"]["shapes"]
+    assert (teacher["y0"], teacher["y1"]) == (1.0, 1.0)
+    table = at.dataframe[0].value
+    assert list(table.columns) == ["length", "teacher ppl", "student", WINDOW_LABEL, MATCHED_LABEL, "top-1 agreement"]
+    assert _rows(table) == [pytest.approx([r["length"], r["teacher_ppl"], r["student"]["ratio"], r["window"]["ratio"],
+                                           r["memory_matched"]["ratio"], r["student"]["top1_agreement"]])
+                            for r in section["by_length"]]
+    assert [e.value for e in at.error] == [f"The student is WORSE than the untrained {MATCHED_LABEL} at 1024, 4096 "
+                                           "tokens."]
+    assert [s.value for s in at.success] == [f"The student beats the untrained {WINDOW_LABEL} at every length."]
+    grid = figure(at, "Passkey")
+    assert [a["text"] for a in grid["layout"]["annotations"]] == ["teacher", "student", WINDOW_LABEL]
+    for trace, key in zip(grid["data"], ("teacher", "student", "window")):
+        assert trace["type"] == "heatmap" and trace["z"] == section["passkey"]["accuracy"][key]
+        assert trace["x"] == ["0.1", "0.5", "0.9"] and trace["y"] == ["512", "1024"]  # x depth, y length
+    assert grid["data"][1]["text"] == [["100%", "50%", "75%"], ["50%", "25%", "75%"]]
+    assert (grid["layout"]["coloraxis"]["cmin"], grid["layout"]["coloraxis"]["cmax"]) == (0, 1)
+
+
+def test_eval_json_and_evaluate_jobs_on_the_run_supply_its_long_context(fresh_ws):
+    conversion = finished_job(fresh_ws, "convert", {"seed": 0}, "long", {"student_ppl": 10.0})
+    from_cli = {**long_context_section(), "train_seq_len": 256}
+    run = api.get_job(conversion, workspace=fresh_ws).run_dir
+    (run / "eval.json").write_text(json.dumps({"student_ppl": 10.0, "long_context": from_cli}))
+    at = open_page(PAGE)
+    assert figure(at, "by position")["layout"]["title"]["text"].endswith("(trained on 256 tokens)")
+    assert "From `lolcats eval` (eval.json)" in texts(at)
+    evaluation = finished_job(fresh_ws, "evaluate", {"run": f"runs/{conversion}", "lengths": [256, 1024, 4096]},
+                              "eval-long", {"long_context": long_context_section(worse_than_window=True)})
+    at.run()
+    source = widget(at, "selectbox", "long_source")
+    assert source.options == [f"evaluate job #{evaluation}", "`lolcats eval` (eval.json)"]
+    assert f"The student is WORSE than the untrained {WINDOW_LABEL} at 4096 tokens." in [e.value for e in at.error]
+    source.set_value("`lolcats eval` (eval.json)").run()
+    assert not any(WINDOW_LABEL in e.value for e in at.error)
+
+
+def test_a_run_without_long_context_says_how_to_get_one(fresh_ws):
+    conversion = finished_job(fresh_ws, "convert", {"seed": 0}, "short", {"student_ppl": 10.0, "long_context": None})
+    at = open_page(PAGE)
+    assert not at.exception
+    assert (f"This run has no long-context evaluation: `lolcats eval runs/{conversion} --lengths 256,1024,2048,4096` "
+            "measures one (or queue one above with context lengths).") in [i.value for i in at.info]
+    assert not [f for f in plotly_figures(at) if "by position" in f["layout"]["title"]["text"]]

@@ -13,6 +13,7 @@ import pytest
 
 from app import bench_results, charts, common, forms
 from core.config import build_config
+from tests.long_context_report import long_context_section
 
 
 # ---------------------------------------------------------------------------------------------- forms
@@ -235,6 +236,33 @@ def test_softmax_layers_reads_report_json_and_an_explicit_result(tmp_path):
     (tmp_path / "report.json").write_text('{"softmax_layers": [1]}')
     assert common.softmax_layers(_job("auto", run_dir=tmp_path)) == [1]
     assert common.softmax_layers(_job([4], run_dir=tmp_path), {}) == [4]  # the result given wins over the file
+
+
+# ---------------------------------------------------------------------------------------------- long context
+
+
+@pytest.mark.parametrize("result, expected", [
+    ({"ppl_ratio": 1.0012, "long_context": long_context_section()},
+     "ppl ratio 1.001 at 512 · 1.180 at 4096 (window 64+4: 1.450)"),
+    ({"ppl_ratio": 1.0012, "long_context": long_context_section(worse_than_window=True)},
+     "ppl ratio 1.001 at 512 · 1.180 at 4096 (window 64+4: 1.100)"),
+    ({"ppl_ratio": 1.0}, "ppl ratio 1.000 at 512"),  # a report older than the section
+    ({"ppl_ratio": 1.25, "long_context": None}, "ppl ratio 1.250 at 512"),  # nothing was converted
+], ids=["beats-window", "worse-than-window", "no-section", "null-section"])
+def test_ratio_headline_adds_the_longest_length_and_the_window_baseline(result, expected):
+    assert common.ratio_headline(result, 512) == expected
+
+
+def test_window_worse_reads_the_window_baselines_verdict_only():
+    assert common.window_worse(long_context_section()) is None  # WORSE than the memory-matched one only
+    worse = long_context_section(worse_than_window=True)
+    assert common.window_worse(worse) == ("the student is WORSE than the untrained terraced window 64 + 4 sinks at "
+                                          "4096 tokens")
+
+
+def test_token_labels_of_position_buckets():
+    assert [charts.tokens_label(n) for n in (0, 64, 256, 1024, 2048, 4095, 1536)] == ["0", "64", "256", "1k", "2k",
+                                                                                       "4k", "1.5k"]
 
 
 # ---------------------------------------------------------------------------------------------- chat prompts

@@ -6,11 +6,15 @@ import re
 import time
 from datetime import timedelta
 
+import pytest
+
 from app.common import fmt_duration
 from core.config import PRESETS
 from jobs import api, store
 from jobs.db import open_db
 from tests.app.apptest import button, open_page, texts, widget
+from tests.app.seed import finished_job
+from tests.long_context_report import long_context_section
 
 
 def _table(at):
@@ -59,11 +63,28 @@ def test_succeeded_conversion_has_its_figures_on_top_and_no_error_tab(seeded_ws)
     assert [t.label for t in at.tabs] == ["Log", "Result", "Config", "Info"]
     assert not any(tab.get("metric") for tab in at.tabs)  # the figures are not a click away
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Ratio"] == f"{report['ppl_ratio']:.3g}"
+    assert metrics["Ratio"] == f"{report['ppl_ratio']:.3f}"
     passkey = report["passkey"]
     assert metrics["Passkey (student / teacher)"] == (f"{passkey['student_accuracy']:.2g} / "
                                                      f"{passkey['teacher_accuracy']:.2g}")
     assert metrics["Time"] == fmt_duration(report["timings"]["total_s"]) and metrics["Time"].endswith("s")
+
+
+@pytest.mark.parametrize("section, headline, warning", [
+    (long_context_section(worse_than_window=True), "ppl ratio 1.001 at 512 · 1.180 at 4096 (window 64+4: 1.100)",
+     "Long context: the student is WORSE than the untrained terraced window 64 + 4 sinks at 4096 tokens."),
+    (long_context_section(), "ppl ratio 1.001 at 512 · 1.180 at 4096 (window 64+4: 1.450)", None),
+    (None, "ppl ratio 1.001 at 512", None),
+], ids=["worse-than-window", "beats-window", "no-long-context"])
+def test_conversion_headline_adds_the_longest_length_and_warns_when_the_window_wins(fresh_ws, section, headline,
+                                                                                    warning):
+    report = {"teacher_ppl": 7.0, "student_ppl": 7.0084, "ppl_ratio": 1.0012, "long_context": section}
+    job_id = finished_job(fresh_ws, "convert", {"data": {"seq_len": 512}}, "long", report)
+    at = open_page("views/jobs.py")
+    assert widget(at, "selectbox", "jobs_selected").value == job_id
+    assert {m.label: m.value for m in at.metric}["Ratio"] == "1.001"  # 3 decimals, never "1"
+    assert headline in [m.value for m in at.markdown]
+    assert [w.value for w in at.warning] == ([warning] if warning else [])
 
 
 def test_empty_state_launches_the_demo(fresh_ws):

@@ -1,9 +1,11 @@
 """The ``evaluate`` job kind: task accuracy of a tiny-test run through a real worker, its progress
-rows, the checks at submit, and a cancelled evaluation that resumes at its first unfinished task."""
+rows, quality by context length with task accuracy in one job, the checks at submit, and a cancelled
+evaluation that resumes at its first unfinished task."""
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -57,6 +59,28 @@ def test_an_evaluation_job_succeeds_with_the_report_and_progress_rows(tiny_ws, s
     assert (info.progress_stage, info.progress_step, info.progress_total) == ("student_tasks", LIMIT, LIMIT)
 
 
+def test_an_evaluation_job_measures_tasks_and_quality_by_context_length(tiny_ws, start_worker):
+    config = {"run": "runs/tiny", "tasks": "lolcats_kjv_next", "limit": 2, "lengths": "128, 64", "sequences": 1}
+    job = api.submit_job("evaluate", config, workspace=tiny_ws)
+    assert (job.config["lengths"], job.config["sequences"]) == ([64, 128], 1)  # text read as a sorted list
+    worker = start_worker("--exit-when-idle")
+    assert worker.wait(600) == 0, worker.output()
+    info = api.get_job(job.id, workspace=tiny_ws)
+    assert info.status == "succeeded", (info.error, info.log_tail)
+    report = json.loads((run_dir(tiny_ws, job.id) / "report.json").read_text())
+    assert list(report["results"]) == ["lolcats_kjv_next"] and report["results"]["lolcats_kjv_next"]["n"] == 2
+    long = report["long_context"]
+    assert (long["lengths"], long["sequences"], long["train_seq_len"]) == ([64, 128], 1, 64)  # the run's data.seq_len
+    assert set(long["baselines"]) == {"window", "memory_matched"} and len(long["verdict"]) == 2
+    assert [row["length"] for row in long["by_length"]] == [64, 128]
+    for row in long["by_length"]:
+        for name in ("student", *long["baselines"]):
+            assert row[name]["ratio"] == pytest.approx(row[name]["ppl"] / row["teacher_ppl"])
+            assert 0.0 <= row[name]["top1_agreement"] <= 1.0
+    assert math.isfinite(long["by_position"][-1]["student"]) and long["by_position"][-1]["end"] == 127
+    assert info.progress_stage in ("long_context", "long_context_passkey")
+
+
 def test_submit_refuses_a_run_outside_the_workspace_or_without_a_model(tiny_ws):
     with pytest.raises(ConfigError, match="run"):
         api.submit_job("evaluate", {**CONFIG, "run": "../elsewhere"}, workspace=tiny_ws)
@@ -64,6 +88,13 @@ def test_submit_refuses_a_run_outside_the_workspace_or_without_a_model(tiny_ws):
         api.submit_job("evaluate", {**CONFIG, "run": "runs/missing"}, workspace=tiny_ws)
     with pytest.raises(ConfigError, match="limit"):
         api.submit_job("evaluate", {**CONFIG, "limit": 0}, workspace=tiny_ws)
+    with pytest.raises(ConfigError, match="^invalid evaluate config: tasks: nothing to evaluate: give tasks"):
+        api.submit_job("evaluate", {"run": "runs/tiny"}, workspace=tiny_ws)
+    with pytest.raises(ConfigError, match=r"lengths: .*lengths must be 'auto' or a non-empty list of lengths >= 16"):
+        api.submit_job("evaluate", {**CONFIG, "lengths": [8, 64]}, workspace=tiny_ws)
+    with pytest.raises(ConfigError, match="lengths takes 'auto' or token counts separated by commas, got '1k'"):
+        api.submit_job("evaluate", {**CONFIG, "lengths": "1k"}, workspace=tiny_ws)
+    assert api.list_jobs(workspace=tiny_ws) == []
 
 
 def test_a_cancelled_evaluation_resumes_at_its_first_unfinished_task(tiny_ws, start_worker):

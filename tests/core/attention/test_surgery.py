@@ -29,17 +29,19 @@ def positions(mask):
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=0, sinks=0):
+def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=0, sinks=0, history_norm="none"):
     model = tiny_model(arch, seed=seed)
     cfg = core.AttentionSpec(
         kind=kind, window_size=window, feature_dim=8, softmax_layers=list(softmax_layers), feature_init="random",
-        sink_tokens=sinks,
+        sink_tokens=sinks, history_norm=history_norm,
     )
     torch.manual_seed(seed + 1)
     model = core.linearize(model, cfg)
-    with torch.no_grad():  # move the window weights away from their shared init
+    with torch.no_grad():  # move the window weights and history exponents away from their shared init
         for m in core.lolcats_modules(model).values():
             m.mix.copy_(torch.randn_like(m.mix))
+            if history_norm == "power":
+                m.history_power.copy_(torch.randn_like(m.history_power))
     return model
 
 

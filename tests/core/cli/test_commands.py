@@ -53,6 +53,29 @@ def test_eval_prints_a_summary_and_writes_the_report(cli, converted, workspace, 
     assert json.loads(chosen.read_text())["student_ppl"] == pytest.approx(report["student_ppl"])
 
 
+def test_eval_lengths_print_the_table_with_both_baselines_and_the_verdicts(cli, converted, workspace, tmp_path):
+    out, _ = converted
+    path = tmp_path / "long.json"
+    result = runner.invoke(cli, ["eval", str(out), "--blocks", "1", "--seq-len", "64", "--passkey-trials", "0",
+                                 "--lengths", "128,64", "--sequences", "1", "--passkey-grid-trials", "1",
+                                 "-o", str(path), "--workspace", str(workspace)])
+    assert result.exit_code == 0, result.output
+    section = json.loads(path.read_text())["long_context"]
+    assert section["lengths"] == [64, 128] and section["sequences"] == 1
+    labels = [b["label"] for b in section["baselines"].values()]
+    text = " ".join(result.output.split())
+    for needle in ("by context length", "by position", "passkey accuracy", *labels, *section["verdict"]):
+        assert needle in text, needle
+    ratio = f"{section['by_length'][-1]['student']['ratio']:.3f}"
+    assert ratio in result.output
+
+    off = runner.invoke(cli, ["eval", str(out), "--blocks", "1", "--seq-len", "64", "--passkey-trials", "0",
+                              "--lengths", "off", "-o", str(path), "--workspace", str(workspace)])
+    assert off.exit_code == 0 and json.loads(path.read_text())["long_context"] is None
+    bad = runner.invoke(cli, ["eval", str(out), "--lengths", "1k", "--workspace", str(workspace)])
+    assert bad.exit_code == 2 and "--lengths takes" in bad.output
+
+
 def test_eval_has_no_preset_option(cli, converted):
     out, _ = converted
     result = runner.invoke(cli, ["eval", str(out), "--preset", "tiny-test"])

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import huggingface_hub
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from core.cli import register
 from core.config import preset
-from core.export.card import CARD_FILE, base_model_license, training_tokens
+from core.export.card import CARD_FILE, base_model_license, model_card, training_tokens
+from tests.long_context_report import MATCHED_LABEL, WINDOW_LABEL, long_context_section
 
 runner = CliRunner()
 
@@ -31,6 +33,42 @@ def test_card_describes_the_conversion_and_its_numbers(exported):
     assert f"total {report['timings']['total_s']:.1f} s" in card
     assert 'AutoModelForCausalLM.from_pretrained("export", trust_remote_code=True)' in card
     assert "## Limits" in card and "| attention kind | terraced (window 16, 0 sink tokens) |" in card
+    for row in report["long_context"]["by_length"]:  # the tiny-test preset evaluates 64 and 256 tokens
+        assert f"| {row['length']} | {row['teacher_ppl']:.3f} | {row['student']['ratio']:.3f} | " in card
+
+
+def _card(run_dir, long_context) -> str:
+    """The card of a tiny-test run folder whose report holds ``long_context`` (no key when "absent")."""
+    config = preset("tiny-test")
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(config.model_dump_json())
+    report = {"teacher_ppl": 7.0, "student_ppl": 7.5, "ppl_ratio": 7.5 / 7.0, "per_layer_mse": [0.1, 0.2]}
+    if long_context != "absent":
+        report["long_context"] = long_context
+    (run_dir / "report.json").write_text(json.dumps(report))
+    spec = {**config.attention.model_dump(), "softmax_layers": []}
+    return model_card(run_dir, {"source": "tiny-random-llama", "dtype": "float32"}, spec, "export")
+
+
+def test_card_has_quality_by_context_length_and_the_verdicts(tmp_path):
+    card = _card(tmp_path / "run", long_context_section())
+    part = card[card.index("## Quality by context length"):card.index("## Loading")]
+    assert "on kjv-sample, 2 held-out sequence(s); trained on 512-token blocks" in part
+    table = [line for line in part.splitlines() if line.startswith("| ")]
+    assert table == [f"| length | teacher ppl | student | {WINDOW_LABEL} | {MATCHED_LABEL} | top-1 agreement |",
+                     "| --- | --- | --- | --- | --- | --- |",
+                     "| 256 | 7.100 | 1.001 | 1.180 | 1.010 | 89% |",
+                     "| 1024 | 6.500 | 1.050 | 1.300 | 1.040 | 86% |",
+                     "| 4096 | 6.000 | 1.180 | 1.450 | 1.020 | 80% |"]
+    assert f"- the student beats the untrained {WINDOW_LABEL} at every length\n" in part
+    assert f"- **the student is WORSE than the untrained {MATCHED_LABEL} at 1024, 4096 tokens**\n" in part
+
+
+@pytest.mark.parametrize("long_context", ["absent", None], ids=["older-report", "nothing-converted"])
+def test_card_without_long_context_has_no_such_part(tmp_path, long_context):
+    card = _card(tmp_path / "run", long_context)
+    assert "| held-out perplexity | 7.000 | 7.500 |" in card
+    assert "Quality by context length" not in card
 
 
 def test_base_model_license_when_known(tmp_path):

@@ -1,0 +1,252 @@
+"""Quality by context length: teacher, student and two training-free baselines on long held-out text.
+
+A linear state is worth having only if it holds beyond the training length, and only if it beats
+what needs no training at all: the teacher's own softmax over a short window plus sink tokens
+(:mod:`core.eval.window_baseline`). For ``n`` contiguous held-out sequences of the longest length
+L_max (the bundled KJV sample unless ``data.eval_text`` names a file; the conversion trains on
+other data), one forward pass per model and sequence gives every token's next-token NLL and
+greedy prediction. The figures at a shorter length L read the first L tokens of the same
+sequences, which a causal model scores exactly as a sequence of length L:
+
+    ratio(L)         = exp(mean_{t < L} nll_student - mean_{t < L} nll_teacher)   (= ppl_student / ppl_teacher)
+    ratio[a, b)      = the same over the predicted positions a <= t < b (a position bucket)
+    top1_agreement(L) = mean_{t < L} [argmax student_t == argmax teacher_t]
+
+for the student and for each baseline. A passkey grid (lengths x depths, ``trials`` keys per cell)
+scores teacher, student and the student-window baseline the same way, by one forward pass each:
+a cell's trial counts when greedy decoding would produce the key, i.e. every answer token is the
+argmax of the logits before it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.attention.surgery import lolcats_modules
+from core.config import LongContextSpec
+from core.data import load_blocks
+from core.eval.metrics import passkey_prompt, teacher_context
+from core.eval.window_baseline import baselines, window_softmax
+from core.progress import NullProgress, ProgressCallback
+from core.train.lora import base_model
+
+BUCKET_EDGES = (0, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+MIN_AUTO_LENGTH = 256
+PASSKEY_MIN_LENGTH = 512
+
+
+def auto_lengths(seq_len: int, limit: int | None) -> list[int]:
+    """Powers of two from min(256, seq_len) to 8 x seq_len (and seq_len itself), at most ``limit``."""
+    top = 8 * seq_len if limit is None else min(8 * seq_len, limit)
+    lengths = {seq_len, *_doublings(min(MIN_AUTO_LENGTH, seq_len), top)}
+    return sorted(n for n in lengths if n <= top) or [top]
+
+
+def resolve_lengths(spec: LongContextSpec, seq_len: int, limit: int | None) -> tuple[list[int], list[int]]:
+    """The evaluation lengths and passkey lengths the spec asks for, none above the model's positions."""
+    lengths = auto_lengths(seq_len, limit) if spec.lengths == "auto" else list(spec.lengths)
+    if limit is not None:
+        lengths = [n for n in lengths if n <= limit]
+    if not lengths:
+        raise ValueError(f"no evaluation length fits the model's {limit} positions: {spec.lengths}")
+    if spec.passkey_lengths == "auto":
+        keys = _doublings(PASSKEY_MIN_LENGTH, lengths[-1]) or [lengths[-1]]
+    else:
+        keys = [n for n in spec.passkey_lengths if limit is None or n <= limit]
+    return lengths, keys
+
+
+def model_positions(model: nn.Module) -> int | None:
+    return getattr(base_model(model).config.get_text_config(decoder=True), "max_position_embeddings", None)
+
+
+@torch.no_grad()
+def token_scores(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token NLL and greedy prediction at every position of one sequence ``ids`` [L]:
+    two [L - 1] tensors (float64, long), one forward pass without a cache."""
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids[None].to(device), use_cache=False).logits[0, :-1].float()
+    nll = F.cross_entropy(logits, ids[1:].to(device), reduction="none").double().cpu()
+    return nll, logits.argmax(-1).cpu()
+
+
+def held_out_sequences(tokenizer, length: int, count: int, eval_text: str = "bundled") -> torch.Tensor:
+    """``count`` contiguous sequences [count, length] of the held-out text (the bundled KJV sample,
+    or ``eval_text``), consecutive and non-overlapping; refused when the text is too short."""
+    source = "kjv-sample" if eval_text == "bundled" else eval_text
+    blocks = load_blocks(source, tokenizer, format="text", seq_len=length)
+    have = blocks.as_dict()["input_ids"]
+    if have.shape[0] < count:
+        raise ValueError(f"the held-out text {source!r} has {have.shape[0]} sequence(s) of {length} tokens, "
+                         f"{count} asked: lower eval.long_context.sequences or the longest length")
+    return have[:count]
+
+
+def _ratio(nll: torch.Tensor, ref: torch.Tensor) -> float:
+    return math.exp(float(nll.mean() - ref.mean()))
+
+
+def summarise(scores: dict[str, tuple[torch.Tensor, torch.Tensor]], lengths: list[int]) -> dict:
+    """Per-length and per-bucket figures from every model's ``(nll, top1)`` [n, L_max - 1]; the
+    key ``teacher`` is the reference, every other key a model compared with it."""
+    t_nll, t_top = scores["teacher"]
+    others = [name for name in scores if name != "teacher"]
+    by_length = []
+    for L in lengths:
+        row = {"length": L, "teacher_ppl": math.exp(float(t_nll[:, : L - 1].mean()))}
+        for name in others:
+            nll, top = scores[name]
+            row[name] = {"ppl": math.exp(float(nll[:, : L - 1].mean())), "ratio": _ratio(nll[:, : L - 1], t_nll[:, : L - 1]),
+                         "top1_agreement": float((top[:, : L - 1] == t_top[:, : L - 1]).double().mean())}
+        by_length.append(row)
+    by_position = []
+    longest = lengths[-1] - 1  # predicted positions 0 .. L_max - 2 (position t predicts token t + 1)
+    for a, b in zip(BUCKET_EDGES, BUCKET_EDGES[1:]):
+        if a >= longest:
+            break
+        b = min(b, longest)
+        row = {"start": a, "end": b, "teacher_ppl": math.exp(float(t_nll[:, a:b].mean()))}
+        for name in others:
+            row[name] = _ratio(scores[name][0][:, a:b], t_nll[:, a:b])
+        by_position.append(row)
+    return {"by_length": by_length, "by_position": by_position}
+
+
+def verdict(summary: dict, labels: dict[str, str]) -> list[str]:
+    """One plain sentence per baseline: at which lengths the student is worse than it, or that it
+    beats it everywhere."""
+    lines = []
+    for name, label in labels.items():
+        worse = [row["length"] for row in summary["by_length"] if row["student"]["ratio"] > row[name]["ratio"]]
+        if worse:
+            lines.append(f"the student is WORSE than the untrained {label} at {', '.join(map(str, worse))} tokens")
+        else:
+            lines.append(f"the student beats the untrained {label} at every length")
+    return lines
+
+
+def passkey_item(tokenizer, length: int, depth: float, key: int) -> tuple[torch.Tensor, int]:
+    """``(ids, answer_start)``: the passkey prompt with the key's tokens appended."""
+    prompt = tokenizer(passkey_prompt(tokenizer, length, depth, key), return_tensors="pt")["input_ids"][0]
+    answer = tokenizer(f" {key}", add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    return torch.cat([prompt, answer]), prompt.shape[0]
+
+
+@torch.no_grad()
+def passkey_hit(model: nn.Module, ids: torch.Tensor, answer_start: int) -> bool:
+    """Whether greedy decoding after ``ids[:answer_start]`` produces ``ids[answer_start:]``."""
+    _, top = token_scores(model, ids)
+    return bool((top[answer_start - 1:] == ids[answer_start:]).all())
+
+
+def passkey_grid(model: nn.Module, tokenizer, spec: LongContextSpec, lengths: list[int], contexts: dict,
+                 seed: int, progress: ProgressCallback) -> dict:
+    """Accuracy [len(lengths)][len(depths)] per model of ``contexts`` (name -> context manager factory)."""
+    rng = random.Random(seed)
+    items = [[[passkey_item(tokenizer, n, depth, rng.randint(10000, 99999)) for _ in range(spec.passkey_trials)]
+              for depth in spec.passkey_depths] for n in lengths]
+    total = len(contexts) * len(lengths) * len(spec.passkey_depths) * spec.passkey_trials
+    done, grid = 0, {}
+    for name, context in contexts.items():
+        with context():
+            rows = []
+            for cells in items:
+                row = []
+                for trials in cells:
+                    hits = 0
+                    for ids, start in trials:
+                        hits += passkey_hit(model, ids, start)
+                        done += 1
+                        progress.on_step("long_context_passkey", done, total, {})
+                    row.append(hits / max(len(trials), 1))
+                rows.append(row)
+            grid[name] = rows
+    return {"lengths": lengths, "depths": list(spec.passkey_depths), "trials": spec.passkey_trials, "accuracy": grid}
+
+
+def long_context_report(model: nn.Module, tokenizer, spec: LongContextSpec, seq_len: int, eval_text: str = "bundled",
+                        seed: int = 0, progress: ProgressCallback | None = None) -> dict | None:
+    """The ``long_context`` section of a report (see the module docstring); ``seq_len`` is the
+    training block length, which ``"auto"`` lengths are relative to. None for a model with no
+    converted layer (nothing differs from the teacher)."""
+    if not lolcats_modules(base_model(model)):
+        return None
+    progress = progress or NullProgress()
+    t0 = time.perf_counter()
+    lengths, key_lengths = resolve_lengths(spec, seq_len, model_positions(model))
+    lengths, dropped = _fit_budget(model, tokenizer, spec, lengths, key_lengths, eval_text)
+    key_lengths = [n for n in key_lengths if n <= lengths[-1]]
+    seqs = held_out_sequences(tokenizer, lengths[-1], spec.sequences, eval_text)
+    chosen, sizes = baselines(model)
+    contexts = {"teacher": lambda: teacher_context(model), "student": nullcontext,
+                **{b.name: (lambda b=b: window_softmax(model, b)) for b in chosen}}
+    scores, done = {}, 0
+    for name, context in contexts.items():
+        with context():
+            per_seq = []
+            for ids in seqs:
+                per_seq.append(token_scores(model, ids))
+                done += 1
+                progress.on_step("long_context", done, len(contexts) * len(seqs), {})
+        scores[name] = (torch.stack([s[0] for s in per_seq]), torch.stack([s[1] for s in per_seq]))
+    summary = summarise(scores, lengths)
+    labels = {b.name: b.label for b in chosen}
+    report = {
+        "text": "kjv-sample" if eval_text == "bundled" else eval_text,
+        "sequences": spec.sequences,
+        "lengths": lengths,
+        "dropped_lengths": dropped,
+        "train_seq_len": seq_len,
+        "baselines": {b.name: {"kind": b.kind, "window": b.window, "sinks": b.sinks, "label": b.label} for b in chosen},
+        "state_bytes_per_layer": sizes["state_bytes"],
+        "kv_bytes_per_token": sizes["kv_bytes_per_token"],
+        **summary,
+        "verdict": verdict(summary, labels),
+    }
+    if spec.passkey_trials and key_lengths:
+        window = next(b for b in chosen if b.name == "window")
+        report["passkey"] = passkey_grid(model, tokenizer, spec, key_lengths, {
+            "teacher": contexts["teacher"], "student": nullcontext, "window": lambda: window_softmax(model, window)},
+            seed, progress)
+    report["seconds"] = time.perf_counter() - t0
+    return report
+
+
+def _fit_budget(model: nn.Module, tokenizer, spec: LongContextSpec, lengths: list[int], key_lengths: list[int],
+                eval_text: str) -> tuple[list[int], list[int]]:
+    """``lengths`` without the longest ones whose estimated cost exceeds ``spec.time_budget_s``,
+    and those dropped. The estimate times one student forward pass of the shortest length and
+    scales it linearly in tokens by the forward passes the report makes up to a length n: 4
+    models x ``sequences`` of n tokens, plus 3 models x the passkey prompts of at most n tokens.
+    The shortest length is always kept."""
+    probe = held_out_sequences(tokenizer, lengths[0], 1, eval_text)[0]
+    t = time.perf_counter()
+    token_scores(model, probe)
+    per_token = (time.perf_counter() - t) / lengths[0]
+    kept = [lengths[0]]
+    for n in lengths[1:]:
+        keys = spec.passkey_trials * len(spec.passkey_depths) * sum(k for k in key_lengths if k <= n)
+        if per_token * (4 * spec.sequences * n + 3 * keys) > spec.time_budget_s:
+            break
+        kept.append(n)
+    return kept, [n for n in lengths if n not in kept]
+
+
+def _doublings(start: int, top: int) -> list[int]:
+    """start, 2 start, 4 start, ... up to ``top``."""
+    out, n = [], start
+    while n <= top:
+        out.append(n)
+        n *= 2
+    return out
+
+
+__all__ = ["BUCKET_EDGES", "auto_lengths", "held_out_sequences", "long_context_report", "passkey_grid", "summarise",
+           "token_scores", "verdict"]

@@ -1,0 +1,34 @@
+"""A short conversion of the bundled SmolLM2-135M-Instruct must hold at 4x its training length: its
+perplexity there stays below the untrained sliding window with its own window and sinks (the
+teacher's softmax over the last w keys plus the sinks). The library's defaults decide the maths of
+the attention, so a change of default that lets the linear history swamp the window on long
+inputs fails here."""
+
+from __future__ import annotations
+
+import pytest
+
+import core
+from core.config import preset
+
+TRAIN_LEN = 256  # positions beyond the terraced window's two 64-token tiles have a linear history
+LONG = 4 * TRAIN_LEN
+CONFIG = preset(
+    "cpu-demo",
+    data={"seq_len": TRAIN_LEN, "val_examples": 8, "max_examples": 400},
+    stage1={"steps": 150, "eval_every": 75, "eval_blocks": 2},
+    stage2={"enabled": False},
+    eval={"ppl_blocks": 2, "mse_blocks": 1, "passkey_trials": 0, "samples": 0,
+          "long_context": {"lengths": [TRAIN_LEN, LONG], "sequences": 2, "passkey_trials": 0}},
+)
+
+
+@pytest.mark.slow
+def test_a_short_conversion_beats_the_untrained_window_at_four_times_its_training_length(workspace):
+    report = core.run_convert(CONFIG, workspace / "runs" / "long", workspace=workspace)
+    section = report["long_context"]
+    longest = section["by_length"][-1]
+    assert longest["length"] == LONG
+    assert section["baselines"]["window"]["window"] == CONFIG.attention.window_size
+    assert longest["student"]["ratio"] < longest["window"]["ratio"], section["verdict"]
+    assert longest["student"]["ratio"] < 1.5  # and it is not garbage at that length
