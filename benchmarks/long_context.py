@@ -2,8 +2,10 @@
 conversion, then its perplexity by context length next to the teacher and the two untrained
 sliding-window baselines (the ``long_context`` section of its report, core.eval.long_context).
 
-    .venv/bin/python benchmarks/long_context.py --variant power-512      # convert one variant and record it
-    .venv/bin/python benchmarks/long_context.py --record power-512=RUN   # record a finished run of that variant
+    .venv/bin/python benchmarks/long_context.py --variant power-256      # convert one variant and record it
+    .venv/bin/python benchmarks/long_context.py --record power-256=RUN   # record a finished run of that variant
+    .venv/bin/python benchmarks/long_context.py --record paper-256=RUN:RUN/eval.json   # its long_context from
+                                                                         # a later `lolcats eval --lengths`
     .venv/bin/python benchmarks/long_context.py --render                 # rewrite the table from the JSON
 
 Every variant is ``lolcats convert --preset PRESET --set ...`` (its ``command`` in the JSON); the
@@ -32,20 +34,20 @@ MD_OUT = RESULTS / "long-context-cpu.md"
 LENGTHS = "[256,512,1024,2048,4096]"
 MEASURE = [f"eval.long_context.lengths={LENGTHS}", "eval.long_context.passkey_trials=0"]
 
-# name -> (what it tries, the preset, its --set overrides); the shipped preset is "cpu-demo" itself.
+# name -> (what it tries, the preset, its --set overrides); "cpu-demo" is the shipped preset itself.
+_OLD_PRESET = ["data.seq_len=256", "stage1.steps=600", "stage1.eval_every=50", "stage2.steps=160",
+               "stage2.eval_every=20", *MEASURE]
 VARIANTS: dict[str, tuple[str, str, list[str]]] = {
     "paper-256": ("the previous cpu-demo recipe: the paper's history term, 256-token blocks", "cpu-demo",
-                  ["attention.history_norm=none", "data.seq_len=256", "stage1.steps=600", "stage2.steps=160", *MEASURE]),
-    "power-256": ("history term scaled by N^-alpha (learned per head), 256-token blocks", "cpu-demo",
-                  ["attention.history_norm=power", "data.seq_len=256", "stage1.steps=600", "stage2.steps=160",
-                   *MEASURE]),
-    "power-512": ("history scaled by N^-alpha, 512-token blocks, 300 + 80 steps", "cpu-demo",
-                  ["attention.history_norm=power", "data.seq_len=512", "stage1.steps=300", "stage2.steps=80",
-                   *MEASURE]),
-    "paper-1024": ("the paper's history term, 1024-token blocks, 150 + 40 steps", "cpu-demo",
-                   ["attention.history_norm=none", "data.seq_len=1024", "stage1.steps=150", "stage2.steps=40",
-                    *MEASURE]),
-    "cpu-demo": ("the shipped preset as it is, passkey grid included", "cpu-demo", []),
+                  ["attention.history_norm=none", *_OLD_PRESET]),
+    "power-256": ("the previous recipe with the history term scaled by N^-alpha, alpha from 0.5", "cpu-demo",
+                  ["attention.history_norm=power", "attention.init_history_power=0.5", *_OLD_PRESET]),
+    "cpu-demo": ("the shipped preset: history scaled by N^-alpha from 0.9, 512-token blocks, passkey grid", "cpu-demo",
+                 []),
+    "power-512-64": ("the shipped preset with 64 LoRA steps and a 2 x 2 passkey grid (over the 15 minutes)",
+                     "cpu-demo", ["stage2.steps=64", "eval.long_context.passkey_depths=[0.25,0.75]"]),
+    "gemma3-sinks4": ("the cpu-demo-gemma3 preset (3 global layers converted) with 4 sink tokens and the "
+                      "length-normalised history", "cpu-demo-gemma3", ["attention.sink_tokens=4", *MEASURE]),
 }
 
 
@@ -55,7 +57,7 @@ def command(name: str) -> str:
 
 
 def entry(name: str, report: dict, wall_s: float | None, load: tuple[float, float] | None) -> dict:
-    about, preset_name, sets = VARIANTS[name]
+    about = VARIANTS[name][0]
     return {"variant": name, "about": about, "command": command(name), "wall_s": wall_s,
             "load_average": None if load is None else {"start": load[0], "end": load[1]},
             "timings": report["timings"], "ppl_ratio": report["ppl_ratio"], "teacher_ppl": report["teacher_ppl"],
@@ -90,13 +92,23 @@ def render(results: dict) -> str:
            "sample; the conversions train on GSM8K), 2 sequences of 4096 tokens, each length reading their prefix.",
            "`window` is the teacher's own softmax over the student's window plus its sinks, untrained;",
            "`memory` the same with the window whose key/value bytes equal the student's state.", ""]
+    lengths = sorted({row["length"] for item in results.values() for row in item["long_context"]["by_length"]})
+    out += ["| variant | " + " | ".join(f"student at {n}" for n in lengths) + " | window at the longest | wall |",
+            "|---|" + "---:|" * (len(lengths) + 2)]
+    for name, item in results.items():
+        rows = {row["length"]: row for row in item["long_context"]["by_length"]}
+        cells = [f"{rows[n]['student']['ratio']:.3f}" if n in rows else "" for n in lengths]
+        last = item["long_context"]["by_length"][-1]
+        wall = f"{item['wall_s']:.0f} s" if item["wall_s"] else "not alone"
+        out.append(f"| {name} | " + " | ".join(cells) + f" | {last['window']['ratio']:.3f} | {wall} |")
+    out.append("")
     for name, item in results.items():
         lc = item["long_context"]
         b = lc["baselines"]
         wall = (f"{item['wall_s']:.0f} s alone" if item["wall_s"] else
                 f"{item['timings']['total_s']:.0f} s, not alone (beside other runs)")
         out += [f"## {name}: {item['about']}", "", f"`{item['command']}`", "",
-                f"Wall time {wall}; seq_len {item['seq_len']}; report ratio (256-token blocks) {item['ppl_ratio']:.3f}; "
+                f"Wall time {wall}; seq_len {item['seq_len']}; report ratio ({item['seq_len']}-token blocks) {item['ppl_ratio']:.3f}; "
                 f"window = {b['window']['label']}, memory = {b['memory_matched']['label']}.", "",
                 "| length | student | window | memory | top-1 agreement |", "|---:|---:|---:|---:|---:|"]
         for row in lc["by_length"]:
@@ -114,16 +126,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variant", choices=sorted(VARIANTS), help="convert this variant and record it")
     parser.add_argument("--record", metavar="NAME=RUN", help="record the finished run folder RUN as variant NAME")
+    parser.add_argument("--alone", action="store_true", help="with --record: the run had the machine to itself, "
+                        "so its own total time is its wall time")
     parser.add_argument("--render", action="store_true", help="rewrite the Markdown table from the JSON")
     parser.add_argument("--workspace", type=Path, default=Path(os.environ.get("LOLCATS_WORKSPACE", "workspace")))
     args = parser.parse_args(argv)
     if args.variant:
         save(convert(args.variant, args.workspace))
     if args.record:
-        name, _, run = args.record.partition("=")
+        name, _, where = args.record.partition("=")
+        run, _, evaluated = where.partition(":")
         if name not in VARIANTS:
             parser.error(f"unknown variant {name!r}; variants: {', '.join(VARIANTS)}")
-        save(entry(name, json.loads((Path(run) / "report.json").read_text()), None, None))
+        report = json.loads((Path(run) / "report.json").read_text())
+        if evaluated:  # a run evaluated by length after it finished
+            report["long_context"] = json.loads(Path(evaluated).read_text())["long_context"]
+        save(entry(name, report, round(report["timings"]["total_s"], 1) if args.alone else None, None))
     if args.variant or args.record or args.render:
         MD_OUT.write_text(render(json.loads(JSON_OUT.read_text())))
         print(MD_OUT.read_text())

@@ -18,7 +18,7 @@ where p_n is the query's position from its row's first real token and N(n) the n
 positions (``kernels.hybrid.window``). Unscaled, the history's mass phi_q^T z grows with the number
 of history tokens while the max-normalised window's is bounded by its size, so a mixing learned on
 short blocks lets the history swamp the window on long inputs; alpha_h (one per head, learned in
-stage 1, 0.5 at start) sets how fast the history's mass may grow: N^(1 - alpha_h). r_h(n) depends
+stage 1 from ``init_history_power``) sets how fast the history's mass may grow: N^(1 - alpha_h). r_h(n) depends
 on the query's position only, so it multiplies phi_q(q_n) before the attention op, and every form
 of the op (chunked, Triton, recurrent decode, carried chunk) computes the same thing.
 
@@ -104,6 +104,7 @@ class LolcatsAttention(nn.Module):
         padding: PaddingMask,
         sink_tokens: int = 0,
         history_norm: str = "none",
+        init_history_power: float = 0.5,
     ):
         super().__init__()
         for name in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
@@ -126,8 +127,9 @@ class LolcatsAttention(nn.Module):
         if history_norm not in HISTORY_NORMS:
             raise ValueError(f"unknown history_norm {history_norm!r}; valid: {', '.join(HISTORY_NORMS)}")
         self.history_norm = history_norm
-        if history_norm == "power":  # alpha_h = sigmoid(0) = 0.5 at start
-            self.history_power = nn.Parameter(torch.zeros(num_heads, device=device))
+        if history_norm == "power":  # alpha_h = sigmoid(history_power_h) = init_history_power at start
+            logit = math.log(init_history_power / (1 - init_history_power))
+            self.history_power = nn.Parameter(torch.full((num_heads,), logit, device=device))
         self.padding = padding
         self.mode = "student"
         self.distill_outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (student, teacher)

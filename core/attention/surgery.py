@@ -96,6 +96,7 @@ def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
             window_size=spec.window_size,
             sink_tokens=spec.sink_tokens,
             history_norm=getattr(spec, "history_norm", "none"),  # exports written before the field lack it
+            init_history_power=getattr(spec, "init_history_power", 0.5),
             init_mix=spec.init_mix,
             feature_init=spec.feature_init,
             num_heads=num_heads,

@@ -79,9 +79,10 @@ class AttentionSpec(_Spec):
     softmax_score: Literal[SOFTMAX_SCORES] = "kl"  # with "auto": kl (next-token KL) | mse (normalised output MSE)
     # "power": the history term of query n scaled by N(n)^-alpha_h (N: its history positions, alpha_h
     # learned per head), so the history's mass does not outgrow the window on long inputs; "none": the paper's
-    history_norm: Literal["none", "power"] = "none"
+    history_norm: Literal["none", "power"] = "power"
     keep_sliding_layers: bool = False  # keep the model's own sliding-window layers (Gemma 3's local ones) softmax
     init_mix: float = 0.1  # initial window weight sigmoid(mix)
+    init_history_power: float = 0.9  # with history_norm power: alpha_h at start (history mass grows as N^(1 - alpha))
     feature_init: str = "identity"  # identity | random
 
     @field_validator(*_NAMED_CHOICES)
@@ -99,11 +100,11 @@ class AttentionSpec(_Spec):
             raise ValueError(f"{info.field_name} must be an integer >= 1, got {value!r}")
         return value
 
-    @field_validator("init_mix")
+    @field_validator("init_mix", "init_history_power")
     @classmethod
-    def _open_unit_interval(cls, value: float) -> float:
+    def _open_unit_interval(cls, value: float, info) -> float:
         if not 0.0 < value < 1.0:
-            raise ValueError(f"init_mix must be in (0, 1), got {value!r}")
+            raise ValueError(f"{info.field_name} must be in (0, 1), got {value!r}")
         return value
 
     @field_validator("softmax_layers")
@@ -130,10 +131,16 @@ class AttentionSpec(_Spec):
     def _sinks_need_a_window(self):
         if self.sink_tokens and self.kind == "linear":
             raise ValueError("sink_tokens need a softmax part: use kind sliding_window or terraced, or sink_tokens 0")
-        if self.history_norm != "none" and self.kind == "linear":  # a per-query scale cancels in y = phi S / phi z
-            raise ValueError("history_norm needs a softmax part to weigh the history against: use kind "
-                             "sliding_window or terraced, or history_norm none")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_history_norm_without_a_window(cls, data):
+        """Linear attention has no window to weigh its history against: a per-query scale cancels in
+        y = phi^T S / phi^T z, so its history_norm is stored as none."""
+        if isinstance(data, dict) and data.get("kind") == "linear":
+            data = {**data, "history_norm": "none"}
+        return data
 
 
 class Stage1Spec(_Spec):
@@ -237,7 +244,7 @@ class ConvertConfig(_Spec):
 
 # Fields added after runs and exports were first written, with the value such a run had: a stored
 # config without one reads as it was trained, not as today's default.
-PREDATING = {"attention": {"history_norm": "none"}}
+PREDATING = {"attention": {"history_norm": "none", "init_history_power": 0.5}}
 
 
 def stored_attention(saved: dict) -> AttentionSpec:

@@ -7,10 +7,11 @@ from transformers import DynamicCache
 
 import core
 from core.attention.layer import LolcatsAttention
-from core.config import AttentionSpec
+from core.config import AttentionSpec, stored_attention, stored_config
 from core.pipeline.runs import load_converted
 from kernels.hybrid.naive import naive_hybrid_attention
 from tests.core.attention.test_surgery import converted, left_padded_batch, positions, rel_err
+from tests.tiny_models import tiny_model
 from tests.tiny_runs import convert_tiny
 
 CASES = [("sliding_window", 0), ("sliding_window", 3), ("terraced", 0), ("terraced", 4)]
@@ -81,12 +82,28 @@ def test_chunked_prefill_and_row_pieces_keep_the_scale(kind, sinks, monkeypatch)
     assert rel_err(pieces[real], full[real]) < 1e-6
 
 
-def test_history_norm_needs_a_window_and_names_its_choices():
-    assert AttentionSpec().history_norm == "none"  # the paper's form by default
-    with pytest.raises(ValueError, match="history_norm needs a softmax part"):
-        AttentionSpec(kind="linear", history_norm="power")
+def test_history_norm_defaults_to_power_except_without_a_window():
+    assert AttentionSpec().history_norm == "power" and AttentionSpec().init_history_power == 0.9
+    assert AttentionSpec(kind="linear", history_norm="power").history_norm == "none"  # it would cancel
+    assert AttentionSpec(kind="linear").history_norm == "none"
     with pytest.raises(ValueError, match="history_norm"):
         AttentionSpec(history_norm="mean")
+    with pytest.raises(ValueError, match="init_history_power must be in"):
+        AttentionSpec(init_history_power=1.0)
+
+
+def test_runs_and_exports_stored_before_the_option_load_with_the_papers_history_term():
+    old = {"kind": "terraced", "window_size": 64}  # an attention spec written before history_norm existed
+    assert stored_attention(old).history_norm == "none"
+    assert stored_config({"attention": old}).attention.history_norm == "none"
+    assert stored_config({"attention": {**old, "history_norm": "power"}}).attention.history_norm == "power"
+    assert stored_config({}).attention.history_norm == "none"
+
+
+def test_the_exponents_start_at_init_history_power():
+    model = core.linearize(tiny_model(), AttentionSpec(kind="sliding_window", window_size=8, init_history_power=0.8))
+    for m in core.lolcats_modules(model).values():
+        assert torch.allclose(torch.sigmoid(m.history_power), torch.full_like(m.history_power, 0.8))
 
 
 def test_stage1_trains_the_exponents_and_runs_keep_them(tmp_path):

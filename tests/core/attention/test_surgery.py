@@ -29,7 +29,9 @@ def positions(mask):
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=0, sinks=0, history_norm="none"):
+def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=0, sinks=0, history_norm=None):
+    """A tiny converted model; ``history_norm`` defaults to the library's (power), none for linear attention."""
+    history_norm = history_norm or ("none" if kind == "linear" else "power")
     model = tiny_model(arch, seed=seed)
     cfg = core.AttentionSpec(
         kind=kind, window_size=window, feature_dim=8, softmax_layers=list(softmax_layers), feature_init="random",
@@ -153,10 +155,11 @@ def test_generate_sampling_runs_and_is_seeded():
     assert a.shape == (2, 30) and torch.equal(a, b)
 
 
-def test_only_feature_maps_and_mix_are_trainable():
-    model = converted("llama", "terraced", softmax_layers=(0,))
+def test_only_feature_maps_mix_and_history_exponents_are_trainable():
+    model = converted("llama", "terraced", softmax_layers=(0,), history_norm="power")
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert trainable and all(("feature_map" in n or n.endswith(".mix")) for n in trainable)
+    assert trainable and all(("feature_map" in n or n.endswith((".mix", ".history_power"))) for n in trainable)
+    assert any(n.endswith(".history_power") for n in trainable)
     assert not any(n.startswith("model.layers.0.") for n in trainable)
     assert "model.layers.1.self_attn.q_proj.weight" in dict(model.named_parameters())  # names unchanged
 
