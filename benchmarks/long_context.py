@@ -1,6 +1,6 @@
-"""Long-context quality of conversion recipes on the bundled SmolLM2-135M-Instruct: each variant's
-conversion, then its perplexity by context length next to the teacher and the two untrained
-sliding-window baselines (the ``long_context`` section of its report, core.eval.long_context).
+"""Long-context quality of conversion recipes on the bundled models (SmolLM2-135M-Instruct, Gemma 3
+270M for the gemma variant): each variant's conversion, then its perplexity by context length next
+to the teacher and the two untrained window baselines (the ``long_context`` section of its report, core.eval.long_context).
 
     .venv/bin/python benchmarks/long_context.py --variant power-256      # convert one variant and record it
     .venv/bin/python benchmarks/long_context.py --record power-256=RUN   # record a finished run of that variant
@@ -47,7 +47,8 @@ VARIANTS: dict[str, tuple[str, str, list[str]]] = {
     "power-512-64": ("the shipped preset with 64 LoRA steps and a 2 x 2 passkey grid (over the 15 minutes)",
                      "cpu-demo", ["stage2.steps=64", "eval.long_context.passkey_depths=[0.25,0.75]"]),
     "gemma3-sinks4": ("the cpu-demo-gemma3 preset (3 global layers converted) with 4 sink tokens and the "
-                      "length-normalised history", "cpu-demo-gemma3", ["attention.sink_tokens=4", *MEASURE]),
+                      "length-normalised history", "cpu-demo-gemma3",
+                      ["attention.sink_tokens=4", "eval.long_context.sequences=2", *MEASURE]),
 }
 
 
@@ -86,7 +87,7 @@ def save(item: dict) -> None:
 def render(results: dict) -> str:
     """The Markdown tables of every recorded variant: ratio to the teacher by length and by
     position bucket, the two baselines beside the student."""
-    out = ["# Long-context quality on CPU (bundled SmolLM2-135M-Instruct)", "",
+    out = ["# Long-context quality on CPU (the bundled SmolLM2-135M-Instruct; Gemma 3 270M where named)", "",
            "Rendered by `benchmarks/long_context.py --render` from `long-context-cpu.json`; each variant's command is",
            "listed with it. Ratios are perplexity over the teacher's on held-out contiguous text (the bundled KJV",
            "sample; the conversions train on GSM8K), 2 sequences of 4096 tokens, each length reading their prefix.",

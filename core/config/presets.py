@@ -36,13 +36,16 @@ PRESETS: dict[str, dict] = {
     # Gemma 3 270M (bundled, offline) on 2 CPU cores: cpu-demo's data and evaluation with shorter
     # stages and answer-token LoRA (its 262k-token vocabulary makes every LM-head pass costly, a
     # teacher pass for distillation too); its own local sliding-window layers stay softmax and its
-    # 3 global layers are converted, without sink tokens (docs/models.md has the numbers).
+    # 3 global layers are converted, with 4 sink tokens (docs/models.md has the numbers).
     "cpu-demo-gemma3": deep_merge(_CPU_DEMO, {
         "model": {"source": GEMMA3_MODEL},
         "data": {"seq_len": 256},
-        "attention": {"keep_sliding_layers": True, "sink_tokens": 0},
+        # 4 sink tokens: Gemma's BOS is an attention sink (long-context-cpu.md, gemma3-sinks4)
+        "attention": {"keep_sliding_layers": True, "sink_tokens": 4},
         "stage1": {"steps": 30, "grad_accum": 2, "eval_every": 10},
         "stage2": {"steps": 16, "grad_accum": 2, "lr": 1e-3, "loss": "xent", "eval_every": 8},
+        # its 262k-token vocabulary makes a 4096-token pass slow on CPU: a shorter long-context check
+        "eval": {"long_context": {"lengths": [256, 1024, 2048], "sequences": 1, "passkey_trials": 0}},
     }),
     # Seconds: a tiny random model with the bundled tokenizer; for tests and smoke checks.
     "tiny-test": {
@@ -61,6 +64,6 @@ PRESETS: dict[str, dict] = {
 PRESET_DESCRIPTIONS: dict[str, str] = {  # one line each, for CLI help, the job list and the Launch page
     "paper-8b": "the paper's Llama 3 8B recipe with 4 sink tokens (GPU and hub access needed)",
     "cpu-demo": "the bundled SmolLM2-135M on CPU in about 13 minutes, evaluated up to 4096 tokens",
-    "cpu-demo-gemma3": "the bundled Gemma 3 270M on CPU in about 10 minutes (its 3 global layers converted)",
+    "cpu-demo-gemma3": "the bundled Gemma 3 270M on CPU (its 3 global layers converted, 4 sink tokens)",
     "tiny-test": "a 2-layer random Llama with the bundled tokenizer: seconds",
 }

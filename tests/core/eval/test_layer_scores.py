@@ -33,7 +33,8 @@ def graded_model(bad: int, exact: int, layers: int = 4):
     with torch.no_grad():
         model.model.layers[bad].self_attn.q_proj.weight.mul_(40.0)
     torch.manual_seed(1)
-    core.linearize(model, core.AttentionSpec(kind="terraced", window_size=8, feature_dim=8, feature_init="random"))
+    core.linearize(model, core.AttentionSpec(kind="terraced", window_size=8, feature_dim=8, feature_init="random",
+                                             history_norm="none"))  # the paper's history: errors graded as built
     modules = core.lolcats_modules(model)
     modules[exact].window_size = 4 * LENGTH
     modules[bad].kind = "linear"

@@ -7,6 +7,7 @@ import torch
 import core
 from core.train.checkpoint import CheckpointError, load_checkpoint
 from core.config import Stage1Spec, Stage2Spec
+from core.pipeline.runs import is_lolcats_tensor
 from core.progress import RecordingProgress, StopRequested
 from core.train.distill_attention import evaluate_layers, train_stage1
 from core.eval.metrics import teacher_context
@@ -47,7 +48,8 @@ def test_stage1_lowers_per_layer_mse(tmp_path):
     val_steps = [s for s in progress.steps if "val_loss" in s[3]]
     assert [s[1] for s in val_steps] == [4, 8, 12] and all(len(s[4]) == 3 for s in val_steps)
     tensors, state = load_checkpoint(tmp_path / "stage1" / "best")
-    assert all("feature_map" in n or n.endswith(".mix") for n in tensors) and state["stage"] == "stage1"
+    assert all(is_lolcats_tensor(n) for n in tensors) and state["stage"] == "stage1"
+    assert any(n.endswith(".history_power") for n in tensors)  # the default history norm's exponents train
 
 
 def test_stage1_xent_term_trains(tmp_path):
@@ -184,7 +186,7 @@ def test_blockwise_transfer_matches_joint_transfer(tmp_path):
                  seed=0, config={})
     assert sorted(p.name for p in (tmp_path / "blocks" / "stage1" / "cache" / "train").iterdir()) == [
         "layer0.safetensors", "layer2.safetensors"]
-    a = {n: p for n, p in joint.named_parameters() if "feature_map" in n or n.endswith(".mix")}
+    a = {n: p for n, p in joint.named_parameters() if is_lolcats_tensor(n)}
     b = dict(blockwise.named_parameters())
     assert a and all(b[n].requires_grad for n in a)
     for name, value in a.items():
