@@ -160,18 +160,18 @@ class LolcatsAttention(nn.Module):
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         return q, k, v
 
-    def features(self, q, k, pos: torch.Tensor | None = None):
-        """phi_q(q) (times the history scale r(n) of the queries at positions ``pos`` [B, L], default
-        0..L-1) and phi_k(k) per query head: [B, H, L, F] each (keys repeated for the map only)."""
-        return self.query_features(q, pos), self.feature_map_k(repeat_kv(k, self.num_key_value_groups))
+    def features(self, q, k, mask: torch.Tensor | None = None, state: HybridState | None = None):
+        """phi_q(q) (times the history scale r(n), :meth:`query_features`) and phi_k(k) per query
+        head: [B, H, L, F] each (keys repeated for the map only)."""
+        return self.query_features(q, mask, state), self.feature_map_k(repeat_kv(k, self.num_key_value_groups))
 
-    def query_features(self, q, pos: torch.Tensor | None = None):
-        """r_h(n) phi_q(q_n): [B, H, L, F] (r = 1 unless ``history_norm`` is ``"power"``)."""
+    def query_features(self, q, mask: torch.Tensor | None = None, state: HybridState | None = None):
+        """r_h(n) phi_q(q_n): [B, H, L, F], the queries at the positions :func:`query_positions`
+        gives for ``mask`` and ``state`` (r = 1 unless ``history_norm`` is ``"power"``)."""
         qf = self.feature_map_q(q)
         if self.history_norm == "none":
             return qf
-        if pos is None:
-            pos = query_positions(None, None, q.shape[0], q.shape[2], q.device)
+        pos = query_positions(mask, state, q.shape[0], q.shape[2], q.device)
         n = (window_start(self.kind, self.window_size, pos) - self.sink_tokens).clamp(min=1).to(qf.dtype)
         alpha = torch.sigmoid(self.history_power.to(qf.dtype))
         return qf * torch.exp(-alpha[None, :, None, None] * n.log()[:, None, :, None])
@@ -189,7 +189,7 @@ class LolcatsAttention(nn.Module):
     def prefill(self, q, k, v, mask, keep_state: bool):
         """Outputs of a whole prompt from an empty state, and the state it leaves (None unless
         ``keep_state``)."""
-        qf, kf = self.features(q, k, query_positions(mask, None, q.shape[0], q.shape[2], q.device))
+        qf, kf = self.features(q, k, mask)
         y = hybrid_attention(q, k, v, qf, kf, self.mix, self.kind, self.window_size, mask, self.scaling, self.sink_tokens)
         if not keep_state:
             return y, None
@@ -221,16 +221,15 @@ class LolcatsAttention(nn.Module):
         B, L = q.shape[0], q.shape[2]
         valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
         key_features = lambda keys: self.feature_map_k(repeat_kv(keys, self.num_key_value_groups))
-        pos = query_positions(valid, layer.state, B, L, q.device)
         if L > 1:
-            qf, kf = self.features(q, k, pos)
+            qf, kf = self.features(q, k, valid, layer.state)
             out = dispatch.prefill_chunk(layer.state, self.kind, self.window_size, q, k, v, qf, kf, self.mix, valid,
                                          key_features, self.scaling)
             if out is not None:
                 y, layer.state = out
                 return y
         else:
-            qf = self.query_features(q, pos)
+            qf = self.query_features(q, valid, layer.state)
         outs = []
         for t in range(L):
             y, layer.state = dispatch.decode_step(
@@ -273,7 +272,7 @@ class LolcatsAttention(nn.Module):
                 y = self.teacher(q, k, v, attention_mask, **kwargs)
             self.distill_outputs = (self.student(q, k, v, mask, None), y)
             if self.keep_qk:  # for the attention-map cross-entropy
-                self.distill_qk = (q, k, *self.features(q, k, query_positions(mask, None, B, L, q.device)))
+                self.distill_qk = (q, k, *self.features(q, k, mask))
         else:
             raise ValueError(f"unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}")
         return self.o_proj(y.transpose(1, 2).reshape(B, L, -1)), None

@@ -147,11 +147,12 @@ def evaluate(
     model, tokenizer, info = load_converted(run, workspace=workspace)
     run_config = info.get("config", {})  # the run's own settings (an export keeps its run's)
     overrides = {} if passkey_trials is None else {"passkey_trials": passkey_trials}
-    long = {**run_config.get("eval", {}).get("long_context", {}), **({} if long_lengths in (None, "off") else
-                                                                      {"lengths": long_lengths, "enabled": True})}
-    long.update({k: v for k, v in (("sequences", sequences), ("passkey_trials", grid_trials)) if v is not None})
+    long = dict(run_config.get("eval", {}).get("long_context", {}))
     if long_lengths == "off":
         long["enabled"] = False
+    elif long_lengths is not None:
+        long.update(lengths=long_lengths, enabled=True)
+    long.update({k: v for k, v in (("sequences", sequences), ("passkey_trials", grid_trials)) if v is not None})
     train_seq_len = run_config.get("data", {}).get("seq_len", seq_len)
     cfg = build_config({"seed": run_config.get("seed", 0), "data": {"seq_len": seq_len},
                         "eval": {**run_config.get("eval", {}), "ppl_blocks": blocks, **overrides, "long_context": long}})

@@ -26,6 +26,7 @@ from core.data.sources import (
     BundledDataset,
     bundled_name,
     gsm8k_path,
+    held_out_source,
     kjv_sample_path,
     load_raw,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "check_local_file",
     "format_alpaca",
     "gsm8k_path",
+    "held_out_source",
     "kjv_sample_path",
     "load_blocks",
     "load_data",

@@ -74,6 +74,11 @@ def kjv_sample_path() -> Path:
     return TEXTDATA_DIR / "kjv_sample.txt"
 
 
+def held_out_source(eval_text: str) -> str:
+    """The data source ``data.eval_text`` names: ``"bundled"`` is the KJV sample, anything else a file."""
+    return "kjv-sample" if eval_text == "bundled" else eval_text
+
+
 def _load_local(path: Path, sample_by: str, cache_dir: str | None):
     import datasets
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from core.attention.surgery import lolcats_modules
 from core.config import LongContextSpec
-from core.data import load_blocks
+from core.data import held_out_source, load_blocks
 from core.eval.metrics import passkey_prompt, teacher_context
 from core.eval.window_baseline import baselines, window_softmax
 from core.progress import NullProgress, ProgressCallback
@@ -80,7 +80,7 @@ def token_scores(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, tor
 def held_out_sequences(tokenizer, length: int, count: int, eval_text: str = "bundled") -> torch.Tensor:
     """``count`` contiguous sequences [count, length] of the held-out text (the bundled KJV sample,
     or ``eval_text``), consecutive and non-overlapping; refused when the text is too short."""
-    source = "kjv-sample" if eval_text == "bundled" else eval_text
+    source = held_out_source(eval_text)
     blocks = load_blocks(source, tokenizer, format="text", seq_len=length)
     have = blocks.as_dict()["input_ids"]
     if have.shape[0] < count:
@@ -199,7 +199,7 @@ def long_context_report(model: nn.Module, tokenizer, spec: LongContextSpec, seq_
     summary = summarise(scores, lengths)
     labels = {b.name: b.label for b in chosen}
     report = {
-        "text": "kjv-sample" if eval_text == "bundled" else eval_text,
+        "text": held_out_source(eval_text),
         "sequences": spec.sequences,
         "lengths": lengths,
         "dropped_lengths": dropped,

@@ -33,7 +33,7 @@ from torch import nn
 
 from core.attention.surgery import linearize, softmax_layer_indices
 from core.config import ConvertConfig, EvalSpec
-from core.data import load_blocks, load_rows, read_options
+from core.data import held_out_source, load_blocks, load_rows, read_options
 from core.eval.harness import check_known, evaluate_model, resolve_tasks, task_manager
 from core.eval.long_context import long_context_report
 from core.eval.metrics import passkey, per_layer_mse, perplexity, samples, teacher_context
@@ -51,8 +51,7 @@ TASKS_DIR = "tasks"
 
 
 def eval_text_blocks(config: ConvertConfig, tokenizer) -> dict[str, torch.Tensor]:
-    source = "kjv-sample" if config.data.eval_text == "bundled" else config.data.eval_text
-    blocks = load_blocks(source, tokenizer, format="text", seq_len=config.data.seq_len)
+    blocks = load_blocks(held_out_source(config.data.eval_text), tokenizer, format="text", seq_len=config.data.seq_len)
     return {k: v[: config.eval.ppl_blocks] for k, v in blocks.as_dict().items()}
 
 
