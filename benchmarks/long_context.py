@@ -35,20 +35,29 @@ LENGTHS = "[256,512,1024,2048,4096]"
 MEASURE = [f"eval.long_context.lengths={LENGTHS}", "eval.long_context.passkey_trials=0"]
 
 # name -> (what it tries, the preset, its --set overrides); "cpu-demo" is the shipped preset itself.
+_ROTARY = ["attention.feature_positions=rotary"]  # the feature maps' input before feature_positions none was the default
+_POWER = ["attention.history_norm=power", *_ROTARY]  # the shipped history term before decay
 _OLD_PRESET = ["data.seq_len=256", "stage1.steps=600", "stage1.eval_every=50", "stage2.steps=160",
                "stage2.eval_every=20", *MEASURE]
 VARIANTS: dict[str, tuple[str, str, list[str]]] = {
     "paper-256": ("the previous cpu-demo recipe: the paper's history term, 256-token blocks", "cpu-demo",
-                  ["attention.history_norm=none", *_OLD_PRESET]),
+                  ["attention.history_norm=none", *_ROTARY, *_OLD_PRESET]),
     "power-256": ("the previous recipe with the history term scaled by N^-alpha, alpha from 0.5", "cpu-demo",
-                  ["attention.history_norm=power", "attention.init_history_power=0.5", *_OLD_PRESET]),
-    "cpu-demo": ("the shipped preset: history scaled by N^-alpha from 0.9, 512-token blocks, passkey grid", "cpu-demo",
-                 []),
-    "power-512-64": ("the shipped preset with 64 LoRA steps and a 2 x 2 passkey grid (over the 15 minutes)",
-                     "cpu-demo", ["stage2.steps=64", "eval.long_context.passkey_depths=[0.25,0.75]"]),
+                  ["attention.history_norm=power", "attention.init_history_power=0.5", *_ROTARY, *_OLD_PRESET]),
+    "cpu-demo": ("the shipped preset: feature maps on q, k before RoPE, a history decaying at a learned gamma_h from "
+                 "0.995, 512-token blocks, passkey grid (benchmarks/cpu_demo.py's run)", "cpu-demo", []),
+    "power-512": ("the previous shipped preset: history scaled by N^-alpha from 0.9, feature maps on RoPE-rotated "
+                  "q, k, 512-token blocks, passkey grid", "cpu-demo", _POWER),
+    "power-512-64": ("that preset with 64 LoRA steps and a 2 x 2 passkey grid (over the 15 minutes)",
+                     "cpu-demo", ["stage2.steps=64", "eval.long_context.passkey_depths=[0.25,0.75]", *_POWER]),
+    "decay-rotary": ("power-512 with a history decaying at a learned gamma_h from 0.99 instead of power, feature "
+                     "maps on RoPE-rotated q, k", "cpu-demo", ["attention.init_history_decay=0.99", *_ROTARY]),
+    "decay-unrotated": ("the same with the feature maps on q, k before RoPE (feature_positions none; the shipped "
+                        "preset with gamma_h from 0.99)", "cpu-demo",
+                        ["attention.init_history_decay=0.99", "eval.long_context.passkey_trials=0"]),
     "gemma3-sinks4": ("the cpu-demo-gemma3 preset (3 global layers converted) with 4 sink tokens and the "
                       "length-normalised history", "cpu-demo-gemma3",
-                      ["attention.sink_tokens=4", "eval.long_context.sequences=2", *MEASURE]),
+                      ["attention.sink_tokens=4", "eval.long_context.sequences=2", *_POWER, *MEASURE]),
 }
 
 

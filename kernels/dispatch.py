@@ -160,38 +160,41 @@ def _signature(kind: str, q: torch.Tensor, q_feat: torch.Tensor) -> tuple:
     return (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype)
 
 
-def _sinks_backend(backend: str | None, sinks: int) -> str | None:
-    """``"torch"`` for a whole-sequence call with sink tokens, which the Triton chunk kernels do not
-    implement (an explicit ``triton`` request is refused; the Triton decode step does implement
-    them); None without sinks, for :func:`select_backend` to decide."""
-    if not sinks:
+def _chunk_only_backend(backend: str | None, sinks: int, decay) -> str | None:
+    """``"torch"`` for a whole-sequence call with sink tokens or a decay, which the Triton chunk
+    kernels do not implement (an explicit ``triton`` request is refused; the Triton decode step does
+    implement them); None without either, for :func:`select_backend` to decide."""
+    missing = [what for what, used in (("sink tokens", sinks), ("a decaying history", decay is not None)) if used]
+    if not missing:
         return None
     if requested_backend(backend) == "triton":
-        raise KernelBackendError(f"{ENV_VAR}=triton was requested but the Triton chunk kernels do not implement sink tokens; "
-                                 f"use {ENV_VAR}=torch or auto (the PyTorch form), or attention.sink_tokens=0")
+        raise KernelBackendError(f"{ENV_VAR}=triton was requested but the Triton chunk kernels do not implement "
+                                 f"{' or '.join(missing)}; use {ENV_VAR}=torch or auto (the PyTorch form), or "
+                                 "attention.sink_tokens=0 and a history_norm other than decay")
     return "torch"
 
 
 def hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, sinks=0, *,
-                     backend=None):
+                     decay=None, backend=None):
     """Hybrid attention through the selected backend; arguments as ``core.attention.hybrid_attention``."""
-    name = _sinks_backend(backend, sinks) or select_backend(q.device, backend, _signature(kind, q, q_feat))
+    name = _chunk_only_backend(backend, sinks, decay) or select_backend(q.device, backend, _signature(kind, q, q_feat))
     if name == "triton":
         chunk_triton, _ = load_triton()
         return chunk_triton.hybrid_attention_triton(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)
-    return hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks)
+    return hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks, decay)
 
 
 def decode_step(
     state: HybridState, kind: str, w: int, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
-    *, backend: str | None = None,
+    decay=None, k_in=None, *, backend: str | None = None,
 ) -> tuple[torch.Tensor, HybridState]:
     """One decode step through the selected backend; arguments and result as
     :func:`kernels.hybrid.recurrent_torch.decode_step_torch`."""
     if select_backend(q.device, backend, _signature(kind, q, q_feat)) == "triton":
         _, recurrent_triton = load_triton()
-        return recurrent_triton.decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale)
-    return recurrent_torch.decode_step_torch(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale)
+        return recurrent_triton.decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale,
+                                                   decay, k_in)
+    return recurrent_torch.decode_step_torch(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale, decay, k_in)
 
 
 __all__ = [

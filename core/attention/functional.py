@@ -8,7 +8,8 @@ the tests; for query n (``kernels/hybrid/chunk_torch.py``, docs/kernels.md)
 
 with g_h = sigmoid(mix_h), c_n the window max, one joint normaliser and the linear term not
 rescaled by exp(-c_n) (paper Eq. 6). Optional sink tokens: the first s keys stay in W(n) for every
-later query and out of the history (``kernels/hybrid/window.py``).
+later query and out of the history (``kernels/hybrid/window.py``). Optional decay: each history
+term weighted by gamma_h^(its age past the window's edge) (``kernels/hybrid/decay.py``).
 
 Implementation: ``kernels.dispatch.hybrid_attention`` (the Triton kernels for CUDA tensors, the
 PyTorch form elsewhere; ``LOLCATS_KERNELS`` = ``auto``, ``triton`` or ``torch`` forces either).
@@ -42,6 +43,7 @@ def hybrid_attention(
     attention_mask: torch.Tensor | None = None,
     scale: float | None = None,
     sinks: int = 0,
+    decay: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """LoLCATs linear / sliding-window / terraced hybrid attention (causal).
 
@@ -60,6 +62,8 @@ def hybrid_attention(
         scale: score scale; default ``d ** -0.5``.
         sinks: s, the sink tokens: keys at positions < s stay in the softmax part for every later
             query and never enter the linear history (not with ``linear``). Default: 0.
+        decay: ``[H]`` log gamma_h <= 0: history key j of query n weighted by
+            gamma_h^(window_start(p_n) - 1 - p_j). Default: ``None`` (no decay, the paper's).
 
     Returns:
         ``[B, H, L, d]`` in the dtype of ``q`` (accumulation in float32).
@@ -84,4 +88,7 @@ def hybrid_attention(
     if attention_mask is not None and attention_mask.shape != (B, L):
         raise ValueError(f"attention_mask must be [B, L] = [{B}, {L}]; got {tuple(attention_mask.shape)}")
     check_sinks(kind, sinks)
-    return dispatch.hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks)
+    if decay is not None and decay.shape != (H,):
+        raise ValueError(f"decay must have shape [H] = [{H}]; got {tuple(decay.shape)}")
+    return dispatch.hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks,
+                                     decay=decay)

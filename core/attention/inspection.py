@@ -47,11 +47,11 @@ def attention_maps(model: nn.Module, input_ids: torch.Tensor, layer_idx: int) ->
     finally:
         handle.remove()
     if isinstance(attn, LolcatsAttention):
-        q, k, _ = attn.project(captured["hidden"], captured["pos"])
-        qf, kf = attn.features(q, k)
+        q, k, _, q_in, k_in = attn.project(captured["hidden"], captured["pos"])
+        qf, kf = attn.features(q_in, k_in)
         teacher = softmax_attention_matrix(q, k, attn.scaling)
         student = hybrid_attention_matrix(q, k, qf, kf, attn.mix, attn.kind, attn.window_size, attn.scaling,
-                                           sinks=attn.sink_tokens)
+                                           sinks=attn.sink_tokens, decay=attn.log_decay())
         return AttentionMaps(teacher[0].cpu(), student[0].cpu(), True)
     q, k = _softmax_qk(attn, captured["hidden"], captured["pos"])
     teacher = softmax_attention_matrix(q, k, attn.scaling)[0].cpu()

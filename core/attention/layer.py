@@ -22,6 +22,23 @@ stage 1 from ``init_history_power``) sets how fast the history's mass may grow: 
 on the query's position only, so it multiplies phi_q(q_n) before the attention op, and every form
 of the op (chunked, Triton, recurrent decode, carried chunk) computes the same thing.
 
+With ``"decay"`` instead, history key j of query n is weighted by gamma_h^(window_start(p_n) - 1 - p_j),
+gamma_h = sigmoid(d_h) learned per head from ``init_history_decay``: the history forgets at a
+fixed rate past the window's edge, so its mass and its make-up are the same at any length once
+the input is longer than about 1 / (1 - gamma_h) history keys (``kernels.hybrid.decay``); the op
+takes log gamma_h and every form of it (chunked, recurrent decode, carried chunk) applies it.
+
+What the feature maps read (``feature_positions``, a deviation from the paper with ``"none"``):
+``"rotary"``, the paper's, applies phi_q, phi_k to q and k after RoPE, so the history term
+phi_q(q_n)^T phi_k(k_j) depends on the absolute positions n and j, not on n - j alone: at
+positions past the training blocks the maps meet RoPE phases they never saw, and the history
+drifts however it is normalised (shifting every position id of a 512-token text by 1536 takes a
+converted model from 1.17x to 3.9x its teacher's perplexity, while the teacher is unchanged).
+``"none"`` applies them to q and k before RoPE: the softmax window keeps RoPE's relative
+positions, the history carries none, and the student, like the teacher, depends on relative
+positions only. The recurrent state then keeps the window's keys before RoPE as well, for the
+feature map of the keys it folds.
+
 Modes (``module.mode``):
   * ``"student"``: LoLCATs attention (the converted model);
   * ``"teacher"``: the original softmax attention through the model's attention interface (with
@@ -51,7 +68,8 @@ from kernels.hybrid.recurrent_torch import HybridState
 from kernels.hybrid.window import window_start
 
 MODES = ("student", "teacher", "distill")
-HISTORY_NORMS = ("none", "power")
+HISTORY_NORMS = ("none", "power", "decay")
+FEATURE_POSITIONS = ("rotary", "none")
 
 
 def query_positions(mask: torch.Tensor | None, state: HybridState | None, B: int, L: int, device) -> torch.Tensor:
@@ -105,6 +123,8 @@ class LolcatsAttention(nn.Module):
         sink_tokens: int = 0,
         history_norm: str = "none",
         init_history_power: float = 0.5,
+        init_history_decay: float = 0.995,
+        feature_positions: str = "rotary",
     ):
         super().__init__()
         for name in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
@@ -127,9 +147,15 @@ class LolcatsAttention(nn.Module):
         if history_norm not in HISTORY_NORMS:
             raise ValueError(f"unknown history_norm {history_norm!r}; valid: {', '.join(HISTORY_NORMS)}")
         self.history_norm = history_norm
+        if feature_positions not in FEATURE_POSITIONS:
+            raise ValueError(f"unknown feature_positions {feature_positions!r}; valid: {', '.join(FEATURE_POSITIONS)}")
+        self.feature_positions = feature_positions
         if history_norm == "power":  # alpha_h = sigmoid(history_power_h) = init_history_power at start
             logit = math.log(init_history_power / (1 - init_history_power))
             self.history_power = nn.Parameter(torch.full((num_heads,), logit, device=device))
+        if history_norm == "decay":  # gamma_h = sigmoid(history_decay_h) = init_history_decay at start
+            logit = math.log(init_history_decay / (1 - init_history_decay))
+            self.history_decay = nn.Parameter(torch.full((num_heads,), logit, device=device))
         self.padding = padding
         self.mode = "student"
         self.distill_outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (student, teacher)
@@ -143,13 +169,20 @@ class LolcatsAttention(nn.Module):
                 f"heads={self.num_heads}/{self.num_kv_heads}")
 
     def trained_parameters(self) -> list[nn.Parameter]:
-        """What conversion adds to the layer and trains: feature maps, mixing factors and, with
-        ``history_norm="power"``, the history exponents."""
-        extra = [self.history_power] if self.history_norm == "power" else []
+        """What conversion adds to the layer and trains: feature maps, mixing factors and the
+        history exponents (``history_norm="power"``) or decay rates (``"decay"``)."""
+        extra = {"none": [], "power": ["history_power"], "decay": ["history_decay"]}[self.history_norm]
+        extra = [getattr(self, name) for name in extra]
         return [*self.feature_map_q.parameters(), *self.feature_map_k.parameters(), self.mix, *extra]
 
+    def log_decay(self) -> torch.Tensor | None:
+        """log gamma_h ``[H]`` of the decaying history (None unless ``history_norm`` is ``"decay"``)."""
+        return torch.nn.functional.logsigmoid(self.history_decay) if self.history_norm == "decay" else None
+
     def project(self, hidden_states, position_embeddings):
-        """q [B, H, L, d], k and v [B, H_kv, L, d], after the optional q/k norms and RoPE."""
+        """q [B, H, L, d], k and v [B, H_kv, L, d], after the optional q/k norms and RoPE, and the
+        queries and keys the feature maps read: q and k themselves with ``feature_positions``
+        ``"rotary"``, the same before RoPE with ``"none"``."""
         B, L, _ = hidden_states.shape
         q = self.q_proj(hidden_states).view(B, L, -1, self.head_dim)
         k = self.k_proj(hidden_states).view(B, L, -1, self.head_dim)
@@ -157,8 +190,11 @@ class LolcatsAttention(nn.Module):
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = position_embeddings
-        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        return q, k, v
+        q_in, k_in = q.transpose(1, 2), k.transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q_in, k_in, cos, sin)
+        if getattr(self, "feature_positions", "rotary") == "rotary":  # also called on unconverted layers (inspection)
+            q_in, k_in = q, k
+        return q, k, v, q_in, k_in
 
     def features(self, q, k, mask: torch.Tensor | None = None, state: HybridState | None = None):
         """phi_q(q) (times the history scale r(n), :meth:`query_features`) and phi_k(k) per query
@@ -169,12 +205,17 @@ class LolcatsAttention(nn.Module):
         """r_h(n) phi_q(q_n): [B, H, L, F], the queries at the positions :func:`query_positions`
         gives for ``mask`` and ``state`` (r = 1 unless ``history_norm`` is ``"power"``)."""
         qf = self.feature_map_q(q)
-        if self.history_norm == "none":
+        if self.history_norm != "power":
             return qf
         pos = query_positions(mask, state, q.shape[0], q.shape[2], q.device)
         n = (window_start(self.kind, self.window_size, pos) - self.sink_tokens).clamp(min=1).to(qf.dtype)
         alpha = torch.sigmoid(self.history_power.to(qf.dtype))
         return qf * torch.exp(-alpha[None, :, None, None] * n.log()[:, None, :, None])
+
+    def own_keys(self, k_in):
+        """``k_in`` when the key feature map reads other keys than the softmax (before RoPE), for the
+        recurrent state to keep beside the window's; None when they are the same keys."""
+        return None if self.feature_positions == "rotary" else k_in
 
     def row_pieces(self, q) -> list[slice]:
         """Row ranges of a prompt's batch for :meth:`student`: one piece when autograd records the
@@ -186,30 +227,33 @@ class LolcatsAttention(nn.Module):
         F = self.feature_map_q.output_dim
         return [rows for rows, _ in blocks(B, 1, 4 * H * L * (2 * F + 2 * self.window_size))]  # q, k features, scores
 
-    def prefill(self, q, k, v, mask, keep_state: bool):
+    def prefill(self, q, k, v, mask, keep_state: bool, q_in, k_in):
         """Outputs of a whole prompt from an empty state, and the state it leaves (None unless
-        ``keep_state``)."""
-        qf, kf = self.features(q, k, mask)
-        y = hybrid_attention(q, k, v, qf, kf, self.mix, self.kind, self.window_size, mask, self.scaling, self.sink_tokens)
+        ``keep_state``); ``q_in``, ``k_in``: what the feature maps read (:meth:`project`)."""
+        qf, kf = self.features(q_in, k_in, mask)
+        y = hybrid_attention(q, k, v, qf, kf, self.mix, self.kind, self.window_size, mask, self.scaling, self.sink_tokens,
+                             self.log_decay())
         if not keep_state:
             return y, None
         B, L = q.shape[0], q.shape[2]
         m = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
-        return y, dispatch.prefill_state(self.kind, self.window_size, k, v, kf, m, self.sink_tokens)
+        return y, dispatch.prefill_state(self.kind, self.window_size, k, v, kf, m, self.sink_tokens, self.log_decay(),
+                                         self.own_keys(k_in))
 
-    def student(self, q, k, v, mask, past_key_values):
-        """LoLCATs attention for the new tokens, reading and updating the recurrent state."""
+    def student(self, q, k, v, mask, past_key_values, q_in, k_in):
+        """LoLCATs attention for the new tokens, reading and updating the recurrent state
+        (``q_in``, ``k_in``: what the feature maps read, :meth:`project`)."""
         layer = hybrid_cache_layer(past_key_values, self.layer_idx) if past_key_values is not None else None
         if layer is None or layer.state is None:
             pieces = self.row_pieces(q)
             if len(pieces) == 1:
-                y, state = self.prefill(q, k, v, mask, layer is not None)
+                y, state = self.prefill(q, k, v, mask, layer is not None, q_in, k_in)
             else:  # rows one piece at a time, every temporary in cache
                 y = q.new_empty(q.shape)
                 states = []
                 for rows in pieces:
                     y[rows], state = self.prefill(q[rows], k[rows], v[rows], None if mask is None else mask[rows],
-                                                  layer is not None)
+                                                  layer is not None, q_in[rows], k_in[rows])
                     states.append(state)
                 state = HybridState.concat(states) if layer is not None else None
             if layer is not None:
@@ -222,19 +266,21 @@ class LolcatsAttention(nn.Module):
         valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
         key_features = lambda keys: self.feature_map_k(repeat_kv(keys, self.num_key_value_groups))
         if L > 1:
-            qf, kf = self.features(q, k, valid, layer.state)
+            qf, kf = self.features(q_in, k_in, valid, layer.state)
             out = dispatch.prefill_chunk(layer.state, self.kind, self.window_size, q, k, v, qf, kf, self.mix, valid,
-                                         key_features, self.scaling)
+                                         key_features, self.scaling, self.log_decay(), self.own_keys(k_in))
             if out is not None:
                 y, layer.state = out
                 return y
         else:
-            qf = self.query_features(q, valid, layer.state)
+            qf = self.query_features(q_in, valid, layer.state)
         outs = []
+        decay, k_own = self.log_decay(), self.own_keys(k_in)
         for t in range(L):
             y, layer.state = dispatch.decode_step(
                 layer.state, self.kind, self.window_size, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1],
-                qf[:, :, t : t + 1], self.mix, valid[:, t], key_features, self.scaling,
+                qf[:, :, t : t + 1], self.mix, valid[:, t], key_features, self.scaling, decay,
+                None if k_own is None else k_own[:, :, t : t + 1],
             )
             outs.append(y)
         return outs[0] if L == 1 else torch.cat(outs, dim=2)
@@ -257,12 +303,12 @@ class LolcatsAttention(nn.Module):
         **kwargs,
     ):
         B, L, _ = hidden_states.shape
-        q, k, v = self.project(hidden_states, position_embeddings)
+        q, k, v, q_in, k_in = self.project(hidden_states, position_embeddings)
         mask = padding_mask.bool() if padding_mask is not None else self.padding.current(L)
         kwargs.pop("position_ids", None)
         kwargs.pop("use_cache", None)
         if self.mode == "student":
-            y = self.student(q, k, v, mask, past_key_values)
+            y = self.student(q, k, v, mask, past_key_values, q_in, k_in)
         elif self.mode == "teacher":
             if past_key_values is not None:  # an ordinary softmax key/value cache
                 k, v = past_key_values.update(k, v, self.layer_idx)
@@ -270,9 +316,9 @@ class LolcatsAttention(nn.Module):
         elif self.mode == "distill":
             with torch.no_grad():
                 y = self.teacher(q, k, v, attention_mask, **kwargs)
-            self.distill_outputs = (self.student(q, k, v, mask, None), y)
+            self.distill_outputs = (self.student(q, k, v, mask, None, q_in, k_in), y)
             if self.keep_qk:  # for the attention-map cross-entropy
-                self.distill_qk = (q, k, *self.features(q, k, mask))
+                self.distill_qk = (q, k, *self.features(q_in, k_in, mask))
         else:
             raise ValueError(f"unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}")
         return self.o_proj(y.transpose(1, 2).reshape(B, L, -1)), None

@@ -97,6 +97,8 @@ def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
             sink_tokens=spec.sink_tokens,
             history_norm=getattr(spec, "history_norm", "none"),  # exports written before the field lack it
             init_history_power=getattr(spec, "init_history_power", 0.5),
+            init_history_decay=getattr(spec, "init_history_decay", 0.995),
+            feature_positions=getattr(spec, "feature_positions", "rotary"),
             init_mix=spec.init_mix,
             feature_init=spec.feature_init,
             num_heads=num_heads,

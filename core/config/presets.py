@@ -6,12 +6,13 @@ Plain data (torch-free), so the job system and the UI can list them without load
 from core.config.constants import GEMMA3_MODEL, TINY_MODEL
 from core.config.tree import deep_merge
 
-# The bundled model on 2 CPU cores within 15 minutes, its long-context evaluation included (791 s
-# measured alone, benchmarks/cpu_demo.py). Measured on it (benchmarks/results/recipe-cpu.md, long-context-cpu.md):
-# 4 sink tokens kept softmax (SmolLM2 parks up to 64 % of a late layer's attention on the first
-# token), the history term normalised by its length (the library default, history_norm power) and
-# 512-token blocks, so the conversion sees histories of up to 380 tokens; one-block
-# attention-transfer updates, then LoRA distilled from the teacher (KL) at a higher lr.
+# The bundled model on 2 CPU cores within 15 minutes, its long-context evaluation included
+# (benchmarks/cpu_demo.py, benchmarks/results/cpu-demo-timing.json). Measured on it
+# (benchmarks/results/recipe-cpu.md, long-context-cpu.md): 4 sink tokens kept softmax (SmolLM2
+# parks up to 64 % of a late layer's attention on the first token), the library's long-context
+# defaults (feature maps on q, k before RoPE, a decaying history) and 512-token blocks, longer
+# than the history's span; one-block attention-transfer updates, then LoRA distilled from the
+# teacher (KL) at a higher lr.
 _CPU_DEMO: dict = {
     "attention": {"sink_tokens": 4},
     "data": {"seq_len": 512, "val_examples": 64, "max_examples": 1000},
@@ -25,8 +26,9 @@ _CPU_DEMO: dict = {
 
 PRESETS: dict[str, dict] = {
     # The paper's Llama 3 8B recipe (needs a GPU with about 40 GB and the hub), with what the CPU
-    # measurements support (docs/long-context.md): 4 sink tokens and the length-normalised history
-    # (the library default) on the paper's 1024-token blocks; evaluated up to 8192 tokens.
+    # measurements support (docs/long-context.md): 4 sink tokens and the library's long-context
+    # defaults (position-free feature maps, a decaying history) on the paper's 1024-token blocks;
+    # evaluated up to 8192 tokens.
     "paper-8b": {
         "model": {"source": "meta-llama/Meta-Llama-3-8B", "dtype": "bfloat16"},
         "data": {"source": "yahma/alpaca-cleaned", "seq_len": 1024},

@@ -78,11 +78,16 @@ class AttentionSpec(_Spec):
     softmax_budget: int | None = Field(None, ge=0)  # with softmax_layers "auto": how many layers stay softmax
     softmax_score: Literal[SOFTMAX_SCORES] = "kl"  # with "auto": kl (next-token KL) | mse (normalised output MSE)
     # "power": the history term of query n scaled by N(n)^-alpha_h (N: its history positions, alpha_h
-    # learned per head), so the history's mass does not outgrow the window on long inputs; "none": the paper's
-    history_norm: Literal["none", "power"] = "power"
+    # learned per head), so the history's mass does not outgrow the window on long inputs; "decay": history
+    # key j of query n weighted by gamma_h^(its age past the window's edge), gamma_h learned per head; "none": the paper's
+    history_norm: Literal["none", "power", "decay"] = "decay"
     keep_sliding_layers: bool = False  # keep the model's own sliding-window layers (Gemma 3's local ones) softmax
     init_mix: float = 0.1  # initial window weight sigmoid(mix)
     init_history_power: float = 0.9  # with history_norm power: alpha_h at start (history mass grows as N^(1 - alpha))
+    init_history_decay: float = 0.995  # with history_norm decay: gamma_h at start (the history spans ~1 / (1 - gamma) keys)
+    # what the feature maps read: "rotary", q and k after RoPE (the paper's), or "none", before it, so the
+    # linear history does not depend on absolute positions (RoPE phases past the training length are unseen)
+    feature_positions: Literal["rotary", "none"] = "none"
     feature_init: str = "identity"  # identity | random
 
     @field_validator(*_NAMED_CHOICES)
@@ -100,7 +105,7 @@ class AttentionSpec(_Spec):
             raise ValueError(f"{info.field_name} must be an integer >= 1, got {value!r}")
         return value
 
-    @field_validator("init_mix", "init_history_power")
+    @field_validator("init_mix", "init_history_power", "init_history_decay")
     @classmethod
     def _open_unit_interval(cls, value: float, info) -> float:
         if not 0.0 < value < 1.0:
@@ -137,8 +142,8 @@ class AttentionSpec(_Spec):
     @classmethod
     def _no_history_norm_without_a_window(cls, data):
         """Linear attention has no window to weigh its history against: a per-query scale cancels in
-        y = phi^T S / phi^T z, so its history_norm is stored as none."""
-        if isinstance(data, dict) and data.get("kind") == "linear":
+        y = phi^T S / phi^T z, so its history_norm power is stored as none (a decay does not cancel)."""
+        if isinstance(data, dict) and data.get("kind") == "linear" and data.get("history_norm") == "power":
             data = {**data, "history_norm": "none"}
         return data
 
@@ -244,7 +249,7 @@ class ConvertConfig(_Spec):
 
 # Fields added after runs and exports were first written, with the value such a run had: a stored
 # config without one reads as it was trained, not as today's default.
-PREDATING = {"attention": {"history_norm": "none", "init_history_power": 0.5}}
+PREDATING = {"attention": {"history_norm": "none", "init_history_power": 0.5, "feature_positions": "rotary"}}
 
 
 def stored_attention(saved: dict) -> AttentionSpec:

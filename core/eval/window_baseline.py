@@ -62,7 +62,7 @@ class WindowSoftmaxAttention(nn.Module):
             raise ValueError("the sliding-window baseline scores whole sequences; call the model with use_cache=False")
         B, L, _ = hidden_states.shape
         a = self.attn
-        q, k, v = a.project(hidden_states, position_embeddings)
+        q, k, v = a.project(hidden_states, position_embeddings)[:3]
         none = q.new_zeros(B, q.shape[1], L, 1)  # phi = 0: no linear history
         b = self.baseline
         y = hybrid_attention(q, k, v, none, none, q.new_zeros(q.shape[1]), b.kind, b.window, a.padding.current(L),
@@ -90,12 +90,15 @@ def state_bytes(attn: LolcatsAttention, dtype_bytes: int) -> dict[str, int]:
     """Bytes one converted layer holds per sequence at decode, and one key/value token's bytes:
 
     S [H, F, d] and z [H, F] in float32, the window cache of window_capacity(kind, w) keys and
-    values [H_kv, d] and the sink cache of s keys and values in the model's dtype."""
+    values [H_kv, d] (and the same keys before RoPE when the feature maps read those) and the sink
+    cache of s keys and values in the model's dtype."""
     H, Hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
     F = attn.feature_map_q.output_dim
     kv_token = 2 * Hkv * d * dtype_bytes
-    cached = window_capacity(attn.kind, attn.window_size) + attn.sink_tokens
-    return {"state_bytes": 4 * H * F * (d + 1) + cached * kv_token, "kv_bytes_per_token": kv_token}
+    ring = window_capacity(attn.kind, attn.window_size)
+    unrotated = ring * Hkv * d * dtype_bytes if attn.feature_positions == "none" else 0
+    state = 4 * H * F * (d + 1) + (ring + attn.sink_tokens) * kv_token + unrotated
+    return {"state_bytes": state, "kv_bytes_per_token": kv_token}
 
 
 def baselines(model: nn.Module) -> tuple[list[WindowBaseline], dict[str, int]]:

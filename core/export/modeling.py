@@ -1,7 +1,7 @@
 """The modeling file an export carries, so plain transformers can load it (``trust_remote_code=True``).
 
 :func:`modeling_source` writes one self-contained Python file, depending only on torch and
-transformers, from this library's own source: the window rule, the window ring, the chunked and
+transformers, from this library's own source: the window rule, the decay, the window ring, the chunked and
 recurrent PyTorch forms of hybrid attention, the chunk from a carried state, the feature maps, the cache layer, the converted
 attention layer and the surgery, in that order, with the imports between them removed and the
 few names they import from elsewhere bound to their values. Its last part is
@@ -24,6 +24,7 @@ import core.attention.surgery
 import kernels.hybrid.blocks
 import kernels.hybrid.carry
 import kernels.hybrid.chunk_torch
+import kernels.hybrid.decay
 import kernels.hybrid.recurrent_torch
 import kernels.hybrid.ring
 import kernels.hybrid.window
@@ -35,6 +36,7 @@ PROJECT_PACKAGES = ("core", "kernels")
 
 MODULES: tuple[ModuleType, ...] = (  # in dependency order
     kernels.hybrid.window,
+    kernels.hybrid.decay,
     kernels.hybrid.blocks,
     kernels.hybrid.ring,
     kernels.hybrid.chunk_torch,

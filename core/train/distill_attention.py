@@ -53,7 +53,7 @@ def _xent(module, mask) -> torch.Tensor:
     q, k, qf, kf = module.distill_qk
     teacher = softmax_attention_matrix(q, k, module.scaling)
     student = hybrid_attention_matrix(q, k, qf, kf, module.mix, module.kind, module.window_size, module.scaling,
-                                       sinks=module.sink_tokens)
+                                       sinks=module.sink_tokens, decay=module.log_decay())
     ce = -(teacher * student.clamp(min=1e-12).log()).sum(-1).mean(1)  # [B, L]
     if mask is None:
         return ce.mean()

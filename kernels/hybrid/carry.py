@@ -22,6 +22,11 @@ The new state folds X's real keys below the window of the chunk's last token int
 the last K tokens of X as the ring, exactly what token-by-token decoding leaves (docs/kernels.md).
 Sink tokens (positions < s) are never folded: the chunk's own are stored in the sink cache first,
 and every query reads the cached ones below its window as extra softmax keys.
+
+With a decay (log gamma ``[H]``, ``kernels.hybrid.decay``), the parallel form over X weighs X's
+history keys itself; the carried S, z (ages counted from the window of the token before the
+chunk, at position p0) are read by query n times gamma^(window_start(p_n) - window_start(p0)), and
+the new state carries them by the advance to the chunk's last token before folding.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from kernels.hybrid.chunk_torch import hybrid_terms_torch, normalise
+from kernels.hybrid.decay import advance, fold_ages
 from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_keys, store_sinks, visible_sinks
 from kernels.hybrid.window import window_start
 
@@ -41,13 +47,15 @@ def _first_tokens(state: HybridState, mask: torch.Tensor) -> torch.Tensor:
 
 def prefill_chunk(
     state: HybridState, kind: str, w: int, q, k, v, q_feat, k_feat, mix, mask, key_features: KeyFeatures, scale: float,
+    decay=None, k_in=None,
 ) -> tuple[torch.Tensor, HybridState] | None:
     """Outputs ``[B, H, C, d]`` of a chunk of C tokens and the state after it; None when the chunk
     form does not apply (see the module docstring) and the caller steps token by token.
 
     q ``[B, H, C, d]``, k and v ``[B, H_kv, C, d]``, q_feat and k_feat ``[B, H, C, F]``, mix ``[H]``,
     mask ``[B, C]`` bool, key_features: raw keys ``[B, H_kv, K, d]`` -> ``[B, H, K, F]`` (for the
-    ring's keys). ``state`` is not modified."""
+    ring's keys), decay: None or log gamma ``[H]``, k_in: None, or the keys phi_k reads when they
+    are not k ``[B, H_kv, C, d]`` (the state then keeps them in its ring). ``state`` is not modified."""
     B, H, C, d = q.shape
     K = state.win_k.shape[2]
     seen = state.seen
@@ -63,7 +71,7 @@ def prefill_chunk(
         start = index[maskx.long().argmax(-1)] - first  # position of X's first real key
         if bool((has & (start % w != 0)).any()):
             return None
-    kfx = torch.cat([key_features(state.win_k[:, :, slots]).to(k_feat.dtype), k_feat], dim=2) if K else k_feat
+    kfx = torch.cat([key_features(state.feature_keys[:, :, slots]).to(k_feat.dtype), k_feat], dim=2) if K else k_feat
     qx = torch.cat([q.new_zeros(B, H, K, d), q], dim=2)  # the ring's queries are computed and dropped
     qfx = torch.cat([q_feat.new_zeros(B, H, K, q_feat.shape[-1]), q_feat], dim=2)
     pos = torch.where(first[:, None] >= 0, index[None, :] - first[:, None], torch.full_like(maskx, -1, dtype=torch.long))
@@ -73,8 +81,12 @@ def prefill_chunk(
         sink = store_sinks(sink, k, v, pos[:, K:], mask)
         kfx = kfx * (pos >= sinks)[:, None, :, None].to(kfx.dtype)  # sink keys never enter the history
         sink_keys = (sink[0], sink[1], visible_sinks(sink[2][:, None, :], kind, w, pos))
-    t = hybrid_terms_torch(qx, kx, vx, qfx, kfx, mix, kind, w, maskx, scale, sink_keys=sink_keys)[:, :, K:]
+    t = hybrid_terms_torch(qx, kx, vx, qfx, kfx, mix, kind, w, maskx, scale, sink_keys=sink_keys, decay=decay)[:, :, K:]
     qf = q_feat.float()
+    before = torch.where(first >= 0, seen - 1 - first, torch.full_like(first, -1))  # the token before the chunk
+    if decay is not None:  # the carried sums, aged to each query's window
+        steps = (window_start(kind, w, pos[:, K:]) - window_start(kind, w, before)[:, None]).clamp(min=0)
+        qf = qf * torch.exp(decay.float()[None, :, None, None] * steps[:, None, :, None].float())
     t[..., :d] += torch.matmul(qf, state.S)
     t[..., d] += torch.matmul(qf, state.z[..., None])[..., 0]
     y = normalise(t).to(q.dtype)
@@ -82,16 +94,20 @@ def prefill_chunk(
     last = torch.where(first >= 0, seen + C - 1 - first, torch.full_like(first, -1))
     inside = maskx & (pos >= window_start(kind, w, last)[:, None])  # the new ring's real keys
     fold = maskx & ~inside & (pos >= sinks)
-    S, z = state.S, state.z
+    S, z = advance(state.S, state.z, decay, kind, w, before, last)
     cols = fold.any(0).nonzero().flatten()
     if cols.numel():
         a, b = int(cols[0]), int(cols[-1]) + 1
-        S, z = fold_keys(S, z, kfx[:, :, a:b], vx[:, :, a:b], fold[:, a:b])
+        S, z = fold_keys(S, z, kfx[:, :, a:b], vx[:, :, a:b], fold_ages(decay, kind, w, last, pos[:, a:b], fold[:, a:b]))
     keep = slice(C, C + K)  # the last K keys of X form the new ring, in slots index % K
     new_slots = index[keep] % K if K else slots
     win_k, win_v = torch.empty_like(state.win_k), torch.empty_like(state.win_v)
     win_pos, win_valid = torch.empty_like(state.win_pos), torch.empty_like(state.win_valid)
     win_k[:, :, new_slots], win_v[:, :, new_slots] = kx[:, :, keep], vx[:, :, keep]
+    win_kin = None
+    if state.win_kin is not None:
+        win_kin = torch.empty_like(state.win_kin)
+        win_kin[:, :, new_slots] = torch.cat([state.win_kin[:, :, slots], k_in], dim=2)[:, :, keep]
     win_pos[:, new_slots], win_valid[:, new_slots] = pos[:, keep], inside[:, keep]
-    return y, HybridState(S, z, win_k, win_v, win_pos, win_valid, first, seen + C, *sink)
+    return y, HybridState(S, z, win_k, win_v, win_pos, win_valid, first, seen + C, *sink, win_kin=win_kin)
 

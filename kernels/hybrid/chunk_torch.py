@@ -10,6 +10,8 @@ g = sigmoid(mix), window W(n) and history Hist(n) (``kernels.hybrid.window``):
 
 With ``sinks`` = s > 0 the keys at positions < s join W(n) for every query n at or after them and
 leave Hist(n) (``kernels.hybrid.window``); c_n is then the max over the window and those keys.
+With ``decay`` (log gamma_h <= 0 per query head, ``[H]``) each history term is weighted by
+gamma_h^(window_start(p_n) - 1 - p_j), its age counted from the window's edge (``kernels.hybrid.decay``).
 Positions count from each row's first real token; padded keys contribute nothing. Memory is
 O(L w) for the window part and O(L / C F d) for the linear part; half-precision inputs are
 computed in float32 and the result cast back. How: docs/kernels.md.
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F_
 
 from kernels.hybrid.blocks import blocks, cpu_inference
+from kernels.hybrid.decay import tile_ages
 from kernels.hybrid.window import check_sinks, window_start
 
 LINEAR_CHUNK = 64  # chunk length of the causal linear part; any value gives the same result
@@ -158,7 +161,7 @@ def _shifted_bmm(a: torch.Tensor, b: torch.Tensor, shift: int, tiles: int) -> to
     return out
 
 
-def history_terms(qf, kf, va, tile: int, lag: int, partial: bool) -> torch.Tensor:
+def history_terms(qf, kf, va, tile: int, lag: int, partial: bool, decay: torch.Tensor | None = None) -> torch.Tensor:
     """Linear-attention terms [B, H, L, d + 1]: sum_{j in Hist(n)} (qf_n . kf_j) [v_j, 1], by tiles of ``tile``.
 
     For a query at offset r of tile i, Hist(n) holds every key of tiles <= i - lag and, when
@@ -167,6 +170,12 @@ def history_terms(qf, kf, va, tile: int, lag: int, partial: bool) -> torch.Tenso
     terraced history, all tiles before the previous one (lag 2). Prefix states per tile are
     [B, Hkv, G, L/tile, F, d + 1] (O(L / tile F d)); the partial tile is a masked [tile, tile] product.
     qf, kf: [B, H, L, F] (kf zero at padded keys); va: [B, Hkv, L, d + 1] (augmented values).
+
+    ``decay`` ([H] log gamma, or None): the prefixes decay (``kernels.hybrid.decay``), a tile's
+    prefix holding sum_{j <= its last key e} gamma^(e - j) kf_j [v_j, 1]^T; the query reading it
+    scales it by gamma^(r + 1) when ``partial`` (1 otherwise: the terraced history ends at the
+    prefix's last key), and the partial tile's pair (r, r') is weighted gamma^(r - r'). Together
+    that is gamma^(window_start(n) - 1 - j) for every history key.
     """
     B, H, L, Fd = qf.shape
     Hkv, d1 = va.shape[1], va.shape[-1]
@@ -176,12 +185,20 @@ def history_terms(qf, kf, va, tile: int, lag: int, partial: bool) -> torch.Tenso
     n = B * H * nt  # one flat batch of tiles, head by head
     qt, kt = qt.reshape(n, tile, Fd), kt.reshape(n, tile, Fd)
     vt = _tiles(va, tile)[:, :, None].expand(B, Hkv, G, nt, tile, d1).reshape(n, tile, d1)  # per query head
-    prefix = torch.bmm(kt.transpose(1, 2), vt)  # each tile's sum_j kf_j [v_j, 1]^T: [n, F, d + 1]
-    prefix = prefix.view(B * H, nt, Fd, d1)
-    prefix = (prefix.cumsum(1) if prefix.requires_grad else prefix.cumsum_(1)).view(n, Fd, d1)
-    out = _shifted_bmm(qt, prefix, lag, nt)  # tile i reads the prefix through key tile i - lag
+    if decay is None:
+        prefix = torch.bmm(kt.transpose(1, 2), vt)  # each tile's sum_j kf_j [v_j, 1]^T: [n, F, d + 1]
+        prefix = prefix.view(B * H, nt, Fd, d1)
+        prefix = (prefix.cumsum(1) if prefix.requires_grad else prefix.cumsum_(1)).view(n, Fd, d1)
+        qp = qt
+    else:
+        ages = tile_ages(decay, tile, nt, B)
+        prefix = torch.bmm((kt * ages.key).transpose(1, 2), vt).view(B, H, nt, Fd * d1)
+        prefix = torch.matmul(ages.carry, prefix).view(n, Fd, d1)  # decayed prefix sums over the tiles
+        qp = qt * ages.query if partial else qt
+    out = _shifted_bmm(qp, prefix, lag, nt)  # tile i reads the prefix through key tile i - lag
     if partial:  # query tile i against key tile i - lag + 1, keys at offsets <= the query's
-        a = _shifted_bmm(qt, kt.transpose(1, 2), lag - 1, nt).tril_()
+        a = _shifted_bmm(qt, kt.transpose(1, 2), lag - 1, nt)
+        a = a.tril_() if decay is None else a * ages.pair
         av = _shifted_bmm(a, vt, lag - 1, nt)
         out = out + av if out.requires_grad else out.add_(av)
     return out.view(B, H, nt * tile, d1)[:, :, :L]
@@ -197,7 +214,7 @@ def _sink_split(k, va, kf, mask, kind: str, w: int, sinks: int):
     return (k[:, :, :s], va[:, :, :s], visible), kf * (idx >= s)[None, None, :, None]
 
 
-def _terms(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks, sink_keys) -> torch.Tensor:
+def _terms(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks, sink_keys, decay) -> torch.Tensor:
     """:func:`hybrid_terms_torch` over whole tensors."""
     B, H, L, d = q.shape
     scale = d**-0.5 if scale is None else scale
@@ -216,12 +233,12 @@ def _terms(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scal
         extra, kf = _sink_split(k, va, kf, mask, kind, window_size, sinks)
 
     if kind == "linear":
-        t = history_terms(qf, kf, va, LINEAR_CHUNK, lag=1, partial=True)
+        t = history_terms(qf, kf, va, LINEAR_CHUNK, lag=1, partial=True, decay=decay)
     else:
         w = window_size
         g = torch.sigmoid(mix.float()).view(1, H, 1, 1)
         window = window_terms(q, k, va, mask, kind, w, scale, extra)
-        history = history_terms(qf, kf, va, w, lag=2, partial=kind == "sliding_window")
+        history = history_terms(qf, kf, va, w, lag=2, partial=kind == "sliding_window", decay=decay)
         t = window * g + history if window.requires_grad else window.mul_(g).add_(history)
     return restore_rows(t, shift)
 
@@ -233,12 +250,12 @@ def normalise(t: torch.Tensor) -> torch.Tensor:
 
 
 def _in_pieces(op, width: int, dtype, q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks,
-               sink_keys) -> torch.Tensor:
+               sink_keys, decay) -> torch.Tensor:
     """``op`` (a function of :func:`_terms`'s arguments giving ``[B', H', L, width]``) over the
     whole tensors, or, for inference on CPU, over pieces of batch rows and key/value heads that
     each fit in cache (``kernels.hybrid.blocks``), written into one ``[B, H, L, width]`` output.
     Every row and every key/value head with its query heads is an independent problem."""
-    args = (q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks, sink_keys)
+    args = (q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks, sink_keys, decay)
     if not cpu_inference(q, k, v, q_feat, k_feat, mix):
         return op(*args)
     B, H, L, _ = q.shape
@@ -253,12 +270,13 @@ def _in_pieces(op, width: int, dtype, q, k, v, q_feat, k_feat, mix, kind, window
         hq = slice(heads.start * G, heads.stop * G)
         piece_sinks = None if sink_keys is None else (sink_keys[0][rows, heads], sink_keys[1][rows, heads], sink_keys[2][rows])
         out[rows, hq] = op(q[rows, hq], k[rows, heads], v[rows, heads], q_feat[rows, hq], k_feat[rows, hq], mix[hq], kind,
-                           window_size, None if attention_mask is None else attention_mask[rows], scale, sinks, piece_sinks)
+                           window_size, None if attention_mask is None else attention_mask[rows], scale, sinks, piece_sinks,
+                           None if decay is None else decay[hq])
     return out
 
 
 def hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, sinks=0,
-                       sink_keys=None) -> torch.Tensor:
+                       sink_keys=None, decay=None) -> torch.Tensor:
     """The op before its normalisation: [B, H, L, d + 1] float32, numerator (first d columns) and
     denominator (last column) of y_n, window terms times g plus history terms (:func:`normalise`
     divides). Inputs as :func:`hybrid_attention_torch`; ``sink_keys`` (instead of ``sinks``) gives
@@ -266,7 +284,7 @@ def hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, atten
     ``(keys [B, Hkv, s, d], values [B, Hkv, s, d], visible [B, L, s] bool)`` (the caller leaves
     them out of ``k_feat``)."""
     return _in_pieces(_terms, q.shape[-1] + 1, torch.float32, q, k, v, q_feat, k_feat, mix, kind, window_size,
-                      attention_mask, scale, sinks, sink_keys)
+                      attention_mask, scale, sinks, sink_keys, decay)
 
 
 def _attention(*args) -> torch.Tensor:
@@ -274,7 +292,7 @@ def _attention(*args) -> torch.Tensor:
 
 
 def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None,
-                           sinks=0):
+                           sinks=0, decay=None):
     """See the module docstring. Inputs are assumed validated (see ``core.attention``)."""
     return _in_pieces(_attention, q.shape[-1], q.dtype, q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask,
-                      scale, sinks, None)
+                      scale, sinks, None, decay)

@@ -8,7 +8,8 @@ tokens at positions < s, which Hist(n) never does), the weight of key j is
     a_nj = phi_q(q_n).phi_k(k_j) / Z_n        for j in Hist(n) (linear)
     Z_n  = sum over both (rows with Z_n = 0, which attend to nothing, are 0),
 
-so rows sum to 1 and ``a @ v`` is the hybrid attention output. The teacher's matrix is causal
+so rows sum to 1 and ``a @ v`` is the hybrid attention output. With a decay (log gamma_h per head)
+the linear weights are multiplied by gamma_h^(window_start(p_n) - 1 - p_j) (``kernels.hybrid.decay``). The teacher's matrix is causal
 softmax(q k^T * scale). Positions count from each row's first real token; padded keys get weight 0.
 The matrices are computed in float32 (float64 for float64 inputs); the ``naive_*`` outputs, which
 the other forms are tested against, in float64.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.hybrid.decay import history_weights
 from kernels.hybrid.window import window_start
 
 
@@ -71,12 +73,15 @@ def softmax_attention_matrix(q, k, scale: float, attention_mask: torch.Tensor | 
 
 def hybrid_attention_matrix(
     q, k, q_feat, k_feat, mix, kind: str, window_size: int, scale: float, attention_mask: torch.Tensor | None = None,
-    sinks: int = 0,
+    sinks: int = 0, decay: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Effective hybrid weights a [B, H, L, L] (see the module docstring)."""
     dtype = _compute_dtype(q)
     k = _per_query_head(k, q.shape[1], dtype)
-    win, hist = window_masks(kind, window_size, _key_mask(q, attention_mask), sinks)
+    mask = _key_mask(q, attention_mask)
+    win, hist = window_masks(kind, window_size, mask, sinks)
+    pos = positions(mask)
+    hist = hist * history_weights(decay, kind, window_size, pos, pos).to(dtype)
     s = (q.to(dtype) @ k.transpose(-1, -2) * scale).masked_fill(~win, float("-inf"))
     c = s.amax(-1, keepdim=True)
     c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
@@ -87,12 +92,12 @@ def hybrid_attention_matrix(
 
 
 def naive_hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None,
-                           sinks=0):
+                           sinks=0, decay=None):
     """Hybrid attention [B, H, L, d] in float64 as ``hybrid_attention_matrix @ v`` (0 at queries
     that attend to nothing); arguments as ``kernels.hybrid.chunk_torch.hybrid_attention_torch``."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k, v, qf, kf = (t.double() for t in (q, k, v, q_feat, k_feat))
-    a = hybrid_attention_matrix(q, k, qf, kf, mix.double(), kind, window_size, scale, attention_mask, sinks)
+    a = hybrid_attention_matrix(q, k, qf, kf, mix.double(), kind, window_size, scale, attention_mask, sinks, decay)
     return a @ _per_query_head(v, q.shape[1], torch.float64)
 
 

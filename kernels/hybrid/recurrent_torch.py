@@ -6,7 +6,9 @@ the window cache, a ring of K = window_capacity(kind, w) raw keys and values per
 ``[B, H_kv, K, d]`` with each slot's position and validity ``[B, K]`` (``kernels.hybrid.ring``);
 ``first [B]``, each row's first real token (-1 while it has none), and ``seen``, the tokens so far.
 With s sink tokens, also the sink keys and values ``[B, H_kv, s, d]`` (positions 0..s-1 of each
-row) and which of them a row has seen ``[B, s]``; they never enter S, z.
+row) and which of them a row has seen ``[B, s]``; they never enter S, z. When the key feature map
+reads other keys than the softmax (keys before RoPE: ``attention.feature_positions: none``), the
+ring holds those too (``win_kin``), for the keys it folds.
 
 Invariant after a token at position p: S, z hold exactly the real keys with s <= position
 < window_start(p) and the cache the real keys at or above it. So :func:`prefill_state` after the
@@ -14,7 +16,9 @@ parallel form and :func:`decode_step_torch` token by token build the same state 
 
     y = (phi_q(q)^T S + g sum_{j in cache} exp(s_j - c) v_j) / (phi_q(q)^T z + g sum_{j in cache} exp(s_j - c))
 
-where the cache's keys are the ring's and, once they have left it, the sink keys.
+where the cache's keys are the ring's and, once they have left it, the sink keys. With a decay
+(log gamma ``[H]``), S and z hold each key weighted by gamma^(window_start(p) - 1 - p_j) instead
+(``kernels.hybrid.decay``): every step first carries them by the window's advance.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 
 from kernels.hybrid import compiled
 from kernels.hybrid.chunk_torch import augment_values
+from kernels.hybrid.decay import advance, fold_ages
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 from kernels.hybrid.window import window_capacity, window_start
 
@@ -46,18 +51,25 @@ class HybridState:
     sink_k: torch.Tensor | None = None  # [B, H_kv, s, d]: keys at positions 0..s-1 (None: no sinks)
     sink_v: torch.Tensor | None = None  # [B, H_kv, s, d]
     sink_valid: torch.Tensor | None = None  # [B, s] bool: the row has seen that position
+    win_kin: torch.Tensor | None = None  # [B, H_kv, K, d]: the keys phi_k reads, when not win_k (None: win_k)
 
     @property
     def sinks(self) -> int:
         return 0 if self.sink_k is None else self.sink_k.shape[2]
 
+    @property
+    def feature_keys(self) -> torch.Tensor:
+        """The ring's keys as the key feature map reads them ``[B, H_kv, K, d]``."""
+        return self.win_k if self.win_kin is None else self.win_kin
+
+    def stepped(self, S, z, first) -> "HybridState":
+        """The state after a decode step: new S, z and ``first``, the same (updated in place) ring and sinks."""
+        return dataclasses.replace(self, S=S, z=z, first=first, seen=self.seen + 1)
+
     def select(self, index: torch.Tensor) -> "HybridState":
         """Rows ``index`` of the batch (beam reorder, batch selection, repeat)."""
-        sinks = (None,) * 3 if self.sink_k is None else (self.sink_k[index], self.sink_v[index], self.sink_valid[index])
-        return HybridState(
-            self.S[index], self.z[index], self.win_k[index], self.win_v[index],
-            self.win_pos[index], self.win_valid[index], self.first[index], self.seen, *sinks,
-        )
+        rows = {f.name: getattr(self, f.name) for f in dataclasses.fields(HybridState) if f.name != "seen"}
+        return HybridState(seen=self.seen, **{name: None if t is None else t[index] for name, t in rows.items()})
 
     @staticmethod
     def concat(states: list["HybridState"]) -> "HybridState":
@@ -92,13 +104,16 @@ def visible_sinks(sink_valid: torch.Tensor, kind: str, w: int, pos: torch.Tensor
 def fold_keys(S, z, k_feat, v, weight):
     """Add weight_j * phi_k(k_j) v_j^T to S and weight_j * phi_k(k_j) to z.
 
-    k_feat [B, H, K, F], v [B, H_kv, K, d], weight [B, K] (0/1). One product per query head with
-    the augmented values [v_j, 1] gives both; phi_k enters transposed, as a view, and each of the
-    G query heads of a KV head takes its own product, so neither operand is copied."""
+    k_feat [B, H, K, F], v [B, H_kv, K, d], weight [B, K] (0/1) or [B, H, K] (per head: decay
+    weights). One product per query head with the augmented values [v_j, 1] gives both; phi_k
+    enters transposed, as a view, and each of the G query heads of a KV head takes its own product,
+    so neither operand is copied."""
     B, H, K, Fd = k_feat.shape
     Hkv, d = v.shape[1], v.shape[-1]
     kf = k_feat.float()
-    if not bool(weight.all()):
+    if weight.dim() == 3:
+        kf = kf * weight[..., None].to(kf.dtype)
+    elif not bool(weight.all()):
         kf = kf * weight[:, None, :, None].to(kf.dtype)
     kf = kf.view(B, Hkv, H // Hkv, K, Fd)
     va = augment_values(v.float())  # [B, Hkv, K, d + 1]
@@ -107,17 +122,19 @@ def fold_keys(S, z, k_feat, v, weight):
     return S + Sz[..., :d], z + Sz[..., d]
 
 
-def prefill_state(kind, w, k, v, k_feat, mask, sinks: int = 0) -> HybridState:
+def prefill_state(kind, w, k, v, k_feat, mask, sinks: int = 0, decay=None, k_in=None) -> HybridState:
     """The state after a parallel forward over a whole prompt (empty state before).
 
-    k, v: [B, H_kv, L, d]; k_feat: [B, H, L, F]; mask: [B, L] bool (1 = token); sinks: s."""
+    k, v: [B, H_kv, L, d]; k_feat: [B, H, L, F]; mask: [B, L] bool (1 = token); sinks: s;
+    decay: None or log gamma [H]; k_in: None, or the keys phi_k read when they are not k [B, H_kv, L, d]."""
     B, Hkv, L, d = k.shape
     H, Fd = k_feat.shape[1], k_feat.shape[-1]
     idx = torch.arange(L, device=k.device)
     has = mask.any(-1)
     first = torch.where(has, (mask.long().cumsum(-1) == 0).sum(-1), torch.full_like(has, -1, dtype=torch.long))
     pos = idx[None, :] - first[:, None]  # [B, L]
-    lb = window_start(kind, w, (L - 1) - first)  # [B]
+    last = (L - 1) - first  # [B] the last token's position
+    lb = window_start(kind, w, last)
     inside = mask & (pos >= lb[:, None])  # the window's keys, in the ring
     fold = mask & ~inside & (pos >= sinks)
     S = torch.zeros(B, H, Fd, d, device=k.device, dtype=torch.float32)
@@ -125,56 +142,69 @@ def prefill_state(kind, w, k, v, k_feat, mask, sinks: int = 0) -> HybridState:
     cols = fold.any(0).nonzero().flatten()
     if cols.numel():  # the span of folded keys: all but the window's, unless rows are padded
         a, b = int(cols[0]), int(cols[-1]) + 1
-        S, z = fold_keys(S, z, k_feat[:, :, a:b], v[:, :, a:b], fold[:, a:b])
+        S, z = fold_keys(S, z, k_feat[:, :, a:b], v[:, :, a:b], fold_ages(decay, kind, w, last, pos[:, a:b], fold[:, a:b]))
     K = window_capacity(kind, w)
     win_k, win_v = k.new_zeros(B, Hkv, K, d), v.new_zeros(B, Hkv, K, d)
+    win_kin = None if k_in is None else k_in.new_zeros(B, Hkv, K, d)
     win_pos = torch.zeros(B, K, dtype=torch.long, device=k.device)
     win_valid = torch.zeros(B, K, dtype=torch.bool, device=k.device)
     if K:
         last = torch.arange(max(L - K, 0), L, device=k.device)  # the prompt's last K tokens, into slots j % K
         slots = last % K
         win_k[:, :, slots], win_v[:, :, slots] = k[:, :, last], v[:, :, last]
+        if k_in is not None:
+            win_kin[:, :, slots] = k_in[:, :, last]
         win_pos[:, slots], win_valid[:, slots] = pos[:, last], inside[:, last]
     sink = (None,) * 3
     if sinks:  # the keys at positions 0..s-1, into an empty sink cache
         empty = k.new_zeros(B, Hkv, sinks, d), v.new_zeros(B, Hkv, sinks, d), mask.new_zeros(B, sinks)
         sink = store_sinks(empty, k, v, pos, mask)
-    return HybridState(S, z, win_k, win_v, win_pos, win_valid, first, L, *sink)
+    return HybridState(S, z, win_k, win_v, win_pos, win_valid, first, L, *sink, win_kin=win_kin)
 
 
 def decode_step_torch(
     state: HybridState, kind: str, w: int, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
+    decay=None, k_in=None,
 ) -> tuple[torch.Tensor, HybridState]:
     """Process one token for every row; returns y [B, H, 1, d] and the new state (which shares the
     window cache, updated in place, with ``state``).
 
     q [B, H, 1, d], k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], mix [H] logits, valid [B] bool
     (False for a padding token), key_features: raw keys [B, H_kv, C, d] -> [B, H, C, F] (phi_k per
-    query head, applied only to the keys folded into the state), scale: the score scale."""
+    query head, applied only to the keys folded into the state), scale: the score scale, decay:
+    None or log gamma [H], k_in: None, or the key phi_k reads when it is not k [B, H_kv, 1, d]."""
     first, pos = token_position(state, valid)
-    S, z = state.S, state.z
+    S, z = advance(state.S, state.z, decay, kind, w, pos - 1, pos)
     if kind == "linear":  # no window: the key goes straight into the state
-        S, z = fold_keys(S, z, key_features(k), v, valid[:, None])
+        S, z = fold_keys(S, z, key_features(k if k_in is None else k_in), v, valid[:, None])
     else:  # fold the keys that leave the window (sink keys leave it unfolded), then write the new one into its slot
         fold = leaving(kind, w, state, pos)
         cols = leaving_columns(kind, state, fold)
         if cols.numel():
-            S, z = fold_keys(S, z, key_features(state.win_k[:, :, cols]), state.win_v[:, :, cols],
-                             fold_weight(state, fold, cols))
-        place_token(state, k, v, pos, valid, fold)
+            S, z = fold_keys(S, z, key_features(state.feature_keys[:, :, cols]), state.win_v[:, :, cols],
+                             fold_weight(state, fold, cols, kind, w, pos, decay))
+        place_token(state, k, v, pos, valid, fold, k_in)
     sink, win_k, win_v, win_valid = step_window(state, kind, w, k, v, pos, valid)
 
     windowed = kind != "linear"
     y = compiled.readout(q_feat, q, S, z, win_k if windowed else None, win_v if windowed else None, win_valid, mix, scale)
-    new_state = HybridState(S, z, state.win_k, state.win_v, state.win_pos, state.win_valid, first, state.seen + 1, *sink)
-    return y, new_state
+    return y, dataclasses.replace(state.stepped(S, z, first), **sink_fields(sink))
 
 
-def fold_weight(state: HybridState, fold: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """[B, C] 0/1 weight of the leaving keys in slots ``cols`` that enter S, z: those of ``fold``
-    (:func:`kernels.hybrid.ring.leaving`) that are not sink tokens."""
+def sink_fields(sink) -> dict:
+    """The sink cache ``(keys, values, valid)`` (or Nones) as :class:`HybridState` fields."""
+    return dict(zip(("sink_k", "sink_v", "sink_valid"), sink))
+
+
+def fold_weight(state: HybridState, fold: torch.Tensor, cols: torch.Tensor, kind: str, w: int, pos: torch.Tensor,
+                decay=None) -> torch.Tensor:
+    """The weight of the leaving keys in slots ``cols`` as they enter S, z after a token at ``pos``:
+    [B, C] 0/1, 1 for those of ``fold`` (:func:`kernels.hybrid.ring.leaving`) that are not sink
+    tokens; with a decay (log gamma [H]) [B, H, C], times their age weights
+    (:func:`kernels.hybrid.decay.fold_ages`)."""
     weight = fold[:, cols]
-    return weight & (state.win_pos[:, cols] >= state.sinks) if state.sinks else weight
+    weight = weight & (state.win_pos[:, cols] >= state.sinks) if state.sinks else weight
+    return fold_ages(decay, kind, w, pos, state.win_pos[:, cols], weight)
 
 
 def step_window(state: HybridState, kind: str, w: int, k, v, pos, valid):

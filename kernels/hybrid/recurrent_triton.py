@@ -6,6 +6,9 @@ tensors and the key feature map of the leaving keys stay in PyTorch (``kernels.h
 program per (batch row, query head) computes, in float32:
 
     S' = S + sum_{leaving j} phi_k(k_j) v_j^T,   z' = z + sum_{leaving j} phi_k(k_j)
+
+(with a decay, S and z are first carried by the window's advance and the leaving keys' features
+weighted by their age, in PyTorch: ``kernels.hybrid.decay``)
     y  = (phi_q(q)^T S' + g sum_{j in window} exp(s_j - c) v_j) / (phi_q(q)^T z' + g sum exp(s_j - c))
 
 with an online max over the window cache (read per KV head). See docs/kernels.md.
@@ -13,11 +16,14 @@ with an online max over the window cache (read per KV head). See docs/kernels.md
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kernels._triton import INTERPRETER, tl, triton
 from kernels.hybrid.chunk_triton import head_indices, head_ptr, load_rows, load_state, store_state
-from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_weight, step_window
+from kernels.hybrid.decay import advance
+from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_weight, sink_fields, step_window
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 
 
@@ -82,7 +88,7 @@ def hybrid_decode_kernel(
 
 def decode_step_triton(
     state: HybridState, kind: str, w: int, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
-    *, inplace: bool = False,
+    decay=None, k_in=None, *, inplace: bool = False,
 ) -> tuple[torch.Tensor, HybridState]:
     """One decode step through the Triton kernel; returns ``(y [B, H, 1, d], new_state)``.
 
@@ -94,6 +100,8 @@ def decode_step_triton(
         valid: ``[B]`` bool, False for a padding token.
         key_features: raw keys ``[B, H_kv, C, d]`` -> ``[B, H, C, F]`` (phi_k per query head).
         scale: score scale.
+        decay: None or log gamma ``[H]`` (``kernels.hybrid.decay``).
+        k_in: None, or the key phi_k reads when it is not k ``[B, H_kv, 1, d]``.
         inplace: update ``state.S`` and ``state.z`` in place instead of allocating new ones
             (saves a copy per step; the old state object then shares them). Default: ``False``.
             The window cache is always updated in place (one ring slot per step).
@@ -104,23 +112,24 @@ def decode_step_triton(
     Fd = q_feat.shape[-1]
     first, pos = token_position(state, valid)
     if kind == "linear":  # no window: the key goes straight into the state
-        kfold, vfold = key_features(k) * valid[:, None, None, None].to(q_feat.dtype), v
+        kfold, vfold = key_features(k if k_in is None else k_in) * valid[:, None, None, None].to(q_feat.dtype), v
     else:
         fold = leaving(kind, w, state, pos)
         cols = leaving_columns(kind, state, fold)
         if cols.numel():
-            weight = fold_weight(state, fold, cols)[:, None, :, None].to(q_feat.dtype)
-            kfold = key_features(state.win_k[:, :, cols]) * weight  # [B, H, C, F]
+            weight = fold_weight(state, fold, cols, kind, w, pos, decay)
+            weight = (weight[:, :, :, None] if weight.dim() == 3 else weight[:, None, :, None]).to(q_feat.dtype)
+            kfold = key_features(state.feature_keys[:, :, cols]) * weight  # [B, H, C, F]
             vfold = state.win_v[:, :, cols]  # [B, H_kv, C, d]
         else:
             kfold = q_feat.new_zeros(B, H, 0, Fd)
             vfold = v.new_zeros(B, Hkv, 0, d)
-        place_token(state, k, v, pos, valid, fold)
+        place_token(state, k, v, pos, valid, fold, k_in)
     kfold = kfold if kfold.stride(-1) == 1 else kfold.contiguous()
     vfold = vfold if vfold.stride(-1) == 1 else vfold.contiguous()
     sink, win_k, win_v, win_valid = step_window(state, kind, w, k, v, pos, valid)  # the ring (and sinks)
 
-    S, z = state.S, state.z
+    S, z = advance(state.S, state.z, decay, kind, w, pos - 1, pos)
     if inplace and S.is_contiguous() and z.is_contiguous() and S.dtype == torch.float32 and z.dtype == torch.float32:
         S_out, z_out = S, z
     else:
@@ -153,9 +162,7 @@ def decode_step_triton(
         HAS_WINDOW=kind != "linear" and K > 0,
         D=d, FD=Fd, BD=BD, BF=BF, BC=16, BK=BK, **launch,
     )
-    new_state = HybridState(S_out, z_out, state.win_k, state.win_v, state.win_pos, state.win_valid, first,
-                            state.seen + 1, *sink)
-    return y, new_state
+    return y, dataclasses.replace(state.stepped(S_out, z_out, first), **sink_fields(sink))
 
 
 __all__ = ["decode_step_triton"]

@@ -1,5 +1,6 @@
-"""The power history normalisation: r_h(n) = N(n)^-sigmoid(a_h) on the history term, against a closed
-form written here, in every form a converted layer runs (prefill, row pieces, carried chunks, decode)."""
+"""The history normalisations of a converted layer: power, r_h(n) = N(n)^-sigmoid(a_h) on the history
+term, against a closed form written here; power and decay in every form a converted layer runs
+(prefill, row pieces, carried chunks, decode at 4096 tokens)."""
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ def test_layer_prefill_equals_the_float64_oracle_with_the_history_scale(kind, si
     q, k, v = torch.randn(B, H, L, d, generator=g), torch.randn(B, Hkv, L, d, generator=g), torch.randn(B, Hkv, L, d, generator=g)
     _, mask = left_padded_batch([70, 41, 9], L)
     mask = mask.bool()
-    y, _ = attn.prefill(q, k, v, mask, keep_state=False)
+    y, _ = attn.prefill(q, k, v, mask, False, q, k)  # the feature maps read the rotated q, k (feature_positions rotary)
     pos = torch.arange(L)[None] - (~mask).long().sum(-1, keepdim=True)  # from each row's first real token
     qf = attn.feature_map_q(q).double() * history_scale(kind, 8, sinks, pos, attn.history_power)
     kf = attn.feature_map_k(k.repeat_interleave(H // Hkv, dim=1))
@@ -44,10 +45,11 @@ def test_layer_prefill_equals_the_float64_oracle_with_the_history_scale(kind, si
     assert rel_err(plain, want) > 1e-2  # the scale changes the output
 
 
+@pytest.mark.parametrize("norm", ["power", "decay"])
 @pytest.mark.parametrize("kind, sinks", [("sliding_window", 4), ("terraced", 4)])
 @torch.no_grad()
-def test_decoding_4096_tokens_equals_the_parallel_forward(kind, sinks):
-    model = converted("llama", kind, window=16, sinks=sinks, history_norm="power")
+def test_decoding_4096_tokens_equals_the_parallel_forward(kind, sinks, norm):
+    model = converted("llama", kind, window=16, sinks=sinks, history_norm=norm)
     ids, mask = left_padded_batch([4096, 4001], 4096)
     pos = positions(mask)
     full = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
@@ -64,10 +66,11 @@ def test_decoding_4096_tokens_equals_the_parallel_forward(kind, sinks):
     assert rel_err(stepped[:, -100:][real[:, -100:]], full[:, -100:][real[:, -100:]]) < 1e-4  # the far end alone
 
 
+@pytest.mark.parametrize("norm", ["power", "decay"])
 @pytest.mark.parametrize("kind, sinks", CASES)
 @torch.no_grad()
-def test_chunked_prefill_and_row_pieces_keep_the_scale(kind, sinks, monkeypatch):
-    model = converted("llama", kind, window=8, sinks=sinks, history_norm="power")
+def test_chunked_prefill_and_row_pieces_keep_the_norm(kind, sinks, norm, monkeypatch):
+    model = converted("llama", kind, window=8, sinks=sinks, history_norm=norm)
     ids, mask = left_padded_batch([90, 61, 12], 90)
     pos = positions(mask)
     full = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
@@ -82,10 +85,10 @@ def test_chunked_prefill_and_row_pieces_keep_the_scale(kind, sinks, monkeypatch)
     assert rel_err(pieces[real], full[real]) < 1e-6
 
 
-def test_history_norm_defaults_to_power_except_without_a_window():
-    assert AttentionSpec().history_norm == "power" and AttentionSpec().init_history_power == 0.9
+def test_history_norm_defaults_to_decay_and_power_needs_a_window():
+    assert AttentionSpec().history_norm == "decay" and AttentionSpec().init_history_power == 0.9
     assert AttentionSpec(kind="linear", history_norm="power").history_norm == "none"  # it would cancel
-    assert AttentionSpec(kind="linear").history_norm == "none"
+    assert AttentionSpec(kind="linear").history_norm == "decay"
     with pytest.raises(ValueError, match="history_norm"):
         AttentionSpec(history_norm="mean")
     with pytest.raises(ValueError, match="init_history_power must be in"):
@@ -101,7 +104,8 @@ def test_runs_and_exports_stored_before_the_option_load_with_the_papers_history_
 
 
 def test_the_exponents_start_at_init_history_power():
-    model = core.linearize(tiny_model(), AttentionSpec(kind="sliding_window", window_size=8, init_history_power=0.8))
+    model = core.linearize(tiny_model(), AttentionSpec(kind="sliding_window", window_size=8, history_norm="power",
+                                                       init_history_power=0.8))
     for m in core.lolcats_modules(model).values():
         assert torch.allclose(torch.sigmoid(m.history_power), torch.full_like(m.history_power, 0.8))
 

@@ -22,8 +22,8 @@ def test_student_map_reproduces_layer_output_and_rows_sum_to_one():
     h = attn.register_forward_pre_hook(lambda mod, a, kw: captured.update(kw), with_kwargs=True)
     model(input_ids=ids[None])
     h.remove()
-    q, k, v = attn.project(captured["hidden_states"], captured["position_embeddings"])
-    qf, kf = attn.features(q, k)
+    q, k, v, q_in, k_in = attn.project(captured["hidden_states"], captured["position_embeddings"])
+    qf, kf = attn.features(q_in, k_in)
     y = core.hybrid_attention(q, k, v, qf, kf, attn.mix, "terraced", 8, scale=attn.scaling)
     y_map = maps.student[None] @ v.repeat_interleave(2, dim=1)
     assert ((y - y_map).norm() / y.norm()).item() < 1e-5

@@ -29,13 +29,13 @@ def positions(mask):
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=0, sinks=0, history_norm=None):
-    """A tiny converted model; ``history_norm`` defaults to the library's (power), none for linear attention."""
-    history_norm = history_norm or ("none" if kind == "linear" else "power")
+def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=0, sinks=0, history_norm="decay",
+              feature_positions="none"):
+    """A tiny converted model; ``history_norm`` and ``feature_positions`` default to the library's."""
     model = tiny_model(arch, seed=seed)
     cfg = core.AttentionSpec(
         kind=kind, window_size=window, feature_dim=8, softmax_layers=list(softmax_layers), feature_init="random",
-        sink_tokens=sinks, history_norm=history_norm,
+        sink_tokens=sinks, history_norm=history_norm, feature_positions=feature_positions,
     )
     torch.manual_seed(seed + 1)
     model = core.linearize(model, cfg)
@@ -44,6 +44,8 @@ def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=
             m.mix.copy_(torch.randn_like(m.mix))
             if history_norm == "power":
                 m.history_power.copy_(torch.randn_like(m.history_power))
+            if history_norm == "decay":  # gamma from about 0.7 to 0.95: the decay shows within a short test
+                m.history_decay.copy_(torch.randn_like(m.history_decay) + 2)
     return model
 
 

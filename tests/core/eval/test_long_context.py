@@ -21,7 +21,7 @@ from tests.tiny_runs import convert_tiny
 
 def window_oracle(attn, hidden, position_embeddings, window, sinks):
     """o_proj(softmax over {n - w < j <= n} ∪ {j < s} of q.k * scale, times v), in float64."""
-    q, k, v = (t.double() for t in attn.project(hidden, position_embeddings))
+    q, k, v = (t.double() for t in attn.project(hidden, position_embeddings)[:3])
     G = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
     L = q.shape[2]

@@ -1,10 +1,9 @@
 """A short conversion of the bundled SmolLM2-135M-Instruct must hold at 4x its training length: its
-perplexity ratio there stays within 15 % of the untrained window with its own window and sinks
-(the teacher's softmax over the same softmax keys, no history) and below 1.5. The library's
-defaults decide the maths of the attention, so a default that lets the linear history swamp the
-window on long inputs fails here, as the paper's history term (``history_norm: none``) does, about
-1.5x the window's ratio (docs/long-context.md; beating the window outright is the target still
-ahead)."""
+perplexity ratio there stays below the untrained window with its own window and sinks (the
+teacher's softmax over the same softmax keys, no history), and below 1.5.
+The library's defaults decide the maths of the attention, so a default whose history drifts past
+the training length fails here: the paper's form (feature maps on RoPE-rotated q, k, an
+unnormalised history) scores about 1.5x the window's ratio at 4x (docs/long-context.md)."""
 
 from __future__ import annotations
 
@@ -26,11 +25,11 @@ CONFIG = preset(
 
 
 @pytest.mark.slow
-def test_a_short_conversion_stays_near_the_untrained_window_at_four_times_its_training_length(workspace):
+def test_a_short_conversion_beats_the_untrained_window_at_four_times_its_training_length(workspace):
     report = core.run_convert(CONFIG, workspace / "runs" / "long", workspace=workspace)
     section = report["long_context"]
-    longest = section["by_length"][-1]
-    assert longest["length"] == LONG
+    assert [row["length"] for row in section["by_length"]] == [TRAIN_LEN, LONG]
     assert section["baselines"]["window"]["window"] == CONFIG.attention.window_size
-    assert longest["student"]["ratio"] < 1.15 * longest["window"]["ratio"], section["verdict"]
+    longest = section["by_length"][-1]
+    assert longest["student"]["ratio"] < longest["window"]["ratio"], section["verdict"]
     assert longest["student"]["ratio"] < 1.5, section["by_length"]  # not garbage at that length

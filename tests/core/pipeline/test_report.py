@@ -82,9 +82,9 @@ def test_per_layer_mse_of_the_last_layer_recomputed(report, converted):
         set_mode(inner, "student")
         handle.remove()
     with torch.no_grad():
-        q, k, v = module.project(seen["hidden_states"], seen["position_embeddings"])
+        q, k, v, q_in, k_in = module.project(seen["hidden_states"], seen["position_embeddings"])
         teacher = softmax_attention(q, k, v, module.scaling)
-        student = module.student(q, k, v, None, None)
+        student = module.student(q, k, v, None, None, q_in, k_in)
     mse = (student - teacher).pow(2).mean().item()
     assert len(report["per_layer_mse"]) == TINY_LAYERS
     assert report["per_layer_mse"][layer] == pytest.approx(mse, rel=1e-4)

@@ -49,7 +49,7 @@ def test_stage1_lowers_per_layer_mse(tmp_path):
     assert [s[1] for s in val_steps] == [4, 8, 12] and all(len(s[4]) == 3 for s in val_steps)
     tensors, state = load_checkpoint(tmp_path / "stage1" / "best")
     assert all(is_lolcats_tensor(n) for n in tensors) and state["stage"] == "stage1"
-    assert any(n.endswith(".history_power") for n in tensors)  # the default history norm's exponents train
+    assert any(n.endswith(".history_decay") for n in tensors)  # the default history norm's rates train
 
 
 def test_stage1_xent_term_trains(tmp_path):

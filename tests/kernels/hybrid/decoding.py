@@ -14,7 +14,7 @@ import torch
 
 from core.attention import HedgehogFeatureMap
 from kernels.hybrid.naive import naive_hybrid_attention
-from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state
+from kernels.hybrid.recurrent_torch import HybridState, decode_step_torch, prefill_state
 from kernels.hybrid.recurrent_triton import decode_step_triton
 from tests.kernels.conftest import DEVICE
 from tests.kernels.utils import assert_close
@@ -32,14 +32,33 @@ class DecodeCase:
     key_features: Callable[[torch.Tensor], torch.Tensor]
     scale: float
     sinks: int = 0
+    decay: torch.Tensor | None = None  # log gamma [H]
+    own_keys: bool = False  # phi_k reads other keys than the softmax (feature_keys of them), kept in the state
+
+    def feature_keys(self, k: torch.Tensor) -> torch.Tensor | None:
+        """The keys phi_k reads for keys ``k`` when they are not ``k`` (a fixed mix of its
+        coordinates, standing for the keys before RoPE), else None."""
+        return 0.8 * k.flip(-1) + 0.3 * k if self.own_keys else None
 
     def step_args(self, t: int) -> tuple:
         """The arguments of the decode step for step ``t`` (those after the state)."""
         q, k, v, qf, valid = self.steps[t]
-        return (self.kind, self.w, q, k, v, qf, self.mix, valid, self.key_features, self.scale)
+        return (self.kind, self.w, q, k, v, qf, self.mix, valid, self.key_features, self.scale, self.decay,
+                self.feature_keys(k))
+
+    def prefill(self) -> HybridState:
+        """The state after the prompt."""
+        return prefill_state(self.kind, self.w, self.k, self.v, self.key_features(self.feature_keys(self.k) if
+                             self.own_keys else self.k), self.mask, self.sinks, self.decay, self.feature_keys(self.k))
 
 
-def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9, T=13, sinks=0) -> DecodeCase:
+def sample_decay(H: int) -> torch.Tensor:
+    """log gamma [H] for the decay tests: rates from fast (0.6) to none (1.0)."""
+    return torch.linspace(0.6, 1.0, H).log().to(DEVICE)
+
+
+def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9, T=13, sinks=0, decay=False,
+                own_keys=False) -> DecodeCase:
     G = H // Hkv
     g = torch.Generator().manual_seed(42)
     torch.manual_seed(42)
@@ -60,7 +79,8 @@ def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9
             valid[2:] = t >= 2
             valid[1] = t % 5 != 3
             steps.append((q_t, k_t, v_t, fq(q_t), valid))
-    return DecodeCase(kind, w, k, v, mask, steps, mix, key_features, d**-0.5, sinks)
+    return DecodeCase(kind, w, k, v, mask, steps, mix, key_features, d**-0.5, sinks, sample_decay(H) if decay else None,
+                      own_keys)
 
 
 def whole_sequence(case: DecodeCase) -> tuple[torch.Tensor, ...]:
@@ -81,23 +101,24 @@ def assert_matches_naive(case: DecodeCase, ys: list[torch.Tensor], ratio: float)
     F = case.steps[0][3].shape[-1]
     q = torch.cat([case.steps[0][0].new_zeros(B, H, P, d)] + [s[0] for s in case.steps], dim=2)
     qf = torch.cat([case.steps[0][3].new_zeros(B, H, P, F)] + [s[3] for s in case.steps], dim=2)
-    ref = naive_hybrid_attention(q, k, v, qf, case.key_features(k), case.mix, case.kind, case.w, mask, case.scale,
-                                 case.sinks)[:, :, P:]
+    kf = case.key_features(case.feature_keys(k) if case.own_keys else k)
+    ref = naive_hybrid_attention(q, k, v, qf, kf, case.mix, case.kind, case.w, mask, case.scale, case.sinks,
+                                 case.decay)[:, :, P:]
     real = mask[:, None, P:, None]
     y = torch.cat(ys, dim=2).double()
     assert_close("y vs naive", torch.where(real, ref, 0.0), torch.where(real, y, 0.0), ratio)
 
 
 def check_decode_triton(kind, w, *, dtype=torch.float32, inplace=False, B=3, H=4, Hkv=2, d=16, f=8, P=9, T=13, ratio=1e-5,
-                        sinks=0):
+                        sinks=0, decay=False, own_keys=False):
     """Prefill a :func:`decode_case`, then decode ``T`` tokens with the Triton and the PyTorch step side
     by side: outputs, linear state and window cache equal step by step, outputs equal to the naive reference."""
-    case = decode_case(kind, w, dtype=dtype, B=B, H=H, Hkv=Hkv, d=d, f=f, P=P, T=T, sinks=sinks)
+    case = decode_case(kind, w, dtype=dtype, B=B, H=H, Hkv=Hkv, d=d, f=f, P=P, T=T, sinks=sinks, decay=decay,
+                       own_keys=own_keys)
     ys = []
     with torch.no_grad():
         # two states: each step writes its window cache in place
-        state_ref, state_tri = (prefill_state(kind, w, case.k, case.v, case.key_features(case.k), case.mask, sinks)
-                                for _ in range(2))
+        state_ref, state_tri = case.prefill(), case.prefill()
         for t in range(T):
             args = case.step_args(t)
             y_ref, state_ref = decode_step_torch(state_ref, *args)
@@ -106,8 +127,9 @@ def check_decode_triton(kind, w, *, dtype=torch.float32, inplace=False, B=3, H=4
             assert_close(f"y step {t}", y_ref, y_tri, ratio)
             assert_close(f"S step {t}", state_ref.S, state_tri.S, ratio)
             assert_close(f"z step {t}", state_ref.z, state_tri.z, ratio)
-            for name in ("win_k", "win_v", "win_pos", "win_valid", "first", "sink_k", "sink_v", "sink_valid"):
-                assert torch.equal(getattr(state_ref, name), getattr(state_tri, name)) if sinks or "sink" not in name \
+            for name in ("win_k", "win_v", "win_pos", "win_valid", "first", "sink_k", "sink_v", "sink_valid", "win_kin"):
+                held = (sinks or "sink" not in name) and (own_keys or name != "win_kin")
+                assert torch.equal(getattr(state_ref, name), getattr(state_tri, name)) if held \
                     else getattr(state_ref, name) is getattr(state_tri, name) is None, f"{name} step {t}"
             assert state_ref.seen == state_tri.seen
             ys.append(y_tri)

@@ -10,6 +10,7 @@ from kernels.hybrid.chunk_torch import hybrid_attention_torch
 from kernels.hybrid.naive import naive_hybrid_attention
 from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state
 from kernels.hybrid.window import KINDS
+from tests.kernels.hybrid.decoding import sample_decay
 from tests.kernels.hybrid.test_recurrent_torch import assert_same_sinks
 from tests.kernels.utils import assert_close
 
@@ -36,22 +37,24 @@ def inputs(L: int, mid_padding: bool):
     return q, k, v, qf, kf, mix, mask, key_features
 
 
-def chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features, sinks=0):
+def chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features, sinks=0, decay=None, k_in=None):
     """Outputs of a prefill of the first chunk, then the rest chunk by chunk from the carried state
-    (token by token where the chunk form does not apply); the final state; how many chunks fell back."""
+    (token by token where the chunk form does not apply); the final state; how many chunks fell back.
+    ``k_in``: the keys phi_k reads when they are not k (``kf`` are their features)."""
+    cut = lambda t, a, b: None if t is None else t[:, :, a:b]  # noqa: E731
     scale, n = D**-0.5, chunks[0]
     ys = [hybrid_attention_torch(q[:, :, :n], k[:, :, :n], v[:, :, :n], qf[:, :, :n], kf[:, :, :n], mix, kind, w, mask[:, :n],
-                                 scale, sinks)]
-    state = prefill_state(kind, w, k[:, :, :n], v[:, :, :n], kf[:, :, :n], mask[:, :n], sinks)
+                                 scale, sinks, decay)]
+    state = prefill_state(kind, w, k[:, :, :n], v[:, :, :n], kf[:, :, :n], mask[:, :n], sinks, decay, cut(k_in, 0, n))
     fallbacks = 0
     for c in chunks[1:]:
         part = [t[:, :, n : n + c] for t in (q, k, v, qf, kf)]
-        out = prefill_chunk(state, kind, w, *part, mix, mask[:, n : n + c], key_features, scale)
+        out = prefill_chunk(state, kind, w, *part, mix, mask[:, n : n + c], key_features, scale, decay, cut(k_in, n, n + c))
         if out is None:
             fallbacks += 1
             for i in range(c):
                 y, state = decode_step_torch(state, kind, w, *(t[:, :, i : i + 1] for t in part[:4]), mix,
-                                             mask[:, n + i], key_features, scale)
+                                             mask[:, n + i], key_features, scale, decay, cut(k_in, n + i, n + i + 1))
                 ys.append(y)
         else:
             y, state = out
@@ -60,31 +63,40 @@ def chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features, sinks=0):
     return torch.cat(ys, dim=2), state, fallbacks
 
 
-@pytest.mark.parametrize("kind, sinks", [(kind, 0) for kind in KINDS] + [("sliding_window", 2), ("terraced", 3)])
+@pytest.mark.parametrize("kind, sinks, decay, own_keys", [(kind, 0, False, False) for kind in KINDS]
+                         + [("sliding_window", 2, False, False), ("terraced", 3, False, False)]
+                         + [(kind, 2 * (kind != "linear"), True, False) for kind in KINDS]
+                         + [(kind, 2 * (kind != "linear"), True, True) for kind in KINDS])
 @pytest.mark.parametrize("w, chunks", [(4, [6, 5, 8, 1, 13, 4]), (8, [16, 16, 5]), (4, [1, 2, 30])],
                          ids=["w4-uneven", "w8", "w4-short-first"])
 @pytest.mark.parametrize("mid_padding", [False, True], ids=["left-padded", "mid-padded"])
 @torch.no_grad()
-def test_chunked_prefill_equals_the_parallel_form_the_oracle_and_a_whole_prefill(kind, sinks, w, chunks, mid_padding):
+def test_chunked_prefill_equals_the_parallel_form_the_oracle_and_a_whole_prefill(kind, sinks, decay, own_keys, w, chunks,
+                                                                                 mid_padding):
+    """``own_keys``: phi_k reads other keys than the softmax (keys before RoPE), which the state keeps."""
     L = sum(chunks)
     q, k, v, qf, kf, mix, mask, key_features = inputs(L, mid_padding)
-    y, state, fallbacks = chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features, sinks)
+    decay = sample_decay(H).cpu() if decay else None
+    k_in = 0.8 * k.flip(-1) + 0.3 * k if own_keys else None
+    if own_keys:
+        kf = key_features(k_in)
+    y, state, fallbacks = chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features, sinks, decay, k_in)
     if not mid_padding:  # left padding never needs the token-by-token fallback
         assert fallbacks == 0
     real = mask[:, None, :, None]
-    whole = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, w, mask, D**-0.5, sinks)
-    oracle = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, w, mask, D**-0.5, sinks)
+    whole = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, w, mask, D**-0.5, sinks, decay)
+    oracle = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, w, mask, D**-0.5, sinks, decay)
     assert_close("chunked vs parallel", torch.where(real, whole, 0.0), torch.where(real, y, 0.0), 1e-5)
     assert_close("chunked vs naive", torch.where(real, oracle, 0.0), torch.where(real, y, 0.0), 1e-5)
 
-    full = prefill_state(kind, w, k, v, kf, mask, sinks)
+    full = prefill_state(kind, w, k, v, kf, mask, sinks, decay, k_in)
     assert state.seen == full.seen == L
     assert_close("S", full.S, state.S, 1e-5)
     assert_close("z", full.z, state.z, 1e-5)
     assert torch.equal(full.first, state.first) and torch.equal(full.win_valid, state.win_valid)
     valid = full.win_valid
     assert torch.equal(full.win_pos[valid], state.win_pos[valid])
-    for name in ("win_k", "win_v"):
+    for name in ("win_k", "win_v") + (("win_kin",) if own_keys else ()):
         assert torch.equal(getattr(full, name)[valid[:, None].expand(-1, HKV, -1)],
                            getattr(state, name)[valid[:, None].expand(-1, HKV, -1)]), name
     assert_same_sinks(full, state, sinks)

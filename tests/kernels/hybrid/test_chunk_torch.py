@@ -145,3 +145,33 @@ def test_sink_tokens_need_a_window():
     q, k, v, qf, kf, mix, _ = make_inputs(1, 2, 1, 20, 8, 4)
     with pytest.raises(ValueError, match="sink tokens need a softmax part"):
         hybrid_attention_torch(q, k, v, qf, kf, mix, "linear", 8, None, None, 2)
+
+
+@pytest.mark.parametrize("kind, sinks", [("linear", 0), ("sliding_window", 0), ("sliding_window", 3), ("terraced", 0),
+                                         ("terraced", 3)])
+def test_decay_matches_the_oracle_with_gradients(kind, sinks):
+    """A decaying history (gamma_h from 0.6 to 1 across heads): outputs and gradients of every input,
+    log gamma included, against the float64 oracle over several tiles, with left padding."""
+    q, k, v, qf, kf, mix, mask = make_inputs(3, 4, 2, 100, 16, 8, pads=[0, 5, 37])
+    decay = torch.tensor([0.6, 0.9, 0.97, 1.0]).log()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, qf, kf, mix, decay)]
+    y = hybrid_attention_torch(*leaves[:6], kind, 16, mask, None, sinks, leaves[6])
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, qf, kf, mix, decay)]
+    ref = naive_hybrid_attention(*ref_leaves[:6], kind, 16, mask, None, sinks, ref_leaves[6])
+    assert rel_err(y, ref, mask) <= 1e-5
+    assert rel_err(y, naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 16, mask, None, sinks), mask) > 1e-2
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)) * mask[:, None, :, None]
+    (y * dy).sum().backward()
+    (ref * dy.double()).sum().backward()
+    for name, got, want in zip("q k v qf kf mix decay".split(), leaves, ref_leaves):
+        if want.grad is None or not want.grad.any():  # linear attention: q, k and mix do not enter
+            assert kind == "linear" and name in ("q", "k", "mix"), name
+            continue
+        assert rel_err(got.grad, want.grad) <= 1e-4, name
+    assert decay.shape == (4,) and ref_leaves[6].grad[-1] != 0  # gamma = 1 still has a gradient (it may shrink)
+
+
+def test_decay_of_one_is_the_paper_form():
+    q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 90, 16, 8, pads=[0, 7])
+    y = hybrid_attention_torch(q, k, v, qf, kf, mix, "terraced", 16, mask, None, 2, torch.zeros(4))
+    assert rel_err(y, hybrid_attention_torch(q, k, v, qf, kf, mix, "terraced", 16, mask, None, 2), mask) <= 1e-6

@@ -10,12 +10,16 @@ from tests.kernels.hybrid.decoding import assert_matches_naive, decode_case, who
 from tests.kernels.utils import assert_close
 
 
-@pytest.mark.parametrize("kind, sinks", [(kind, 0) for kind in KINDS] + [("sliding_window", 3), ("terraced", 3)])
+@pytest.mark.parametrize("kind, sinks, decay, own_keys", [(kind, 0, False, False) for kind in KINDS]
+                         + [("sliding_window", 3, False, False), ("terraced", 3, False, False)]
+                         + [(kind, 3 * (kind != "linear"), True, False) for kind in KINDS]
+                         + [(kind, 3 * (kind != "linear"), True, True) for kind in KINDS])
 @pytest.mark.parametrize("w, P, T", [(4, 9, 13), (40, 70, 14)], ids=["w4", "w40"])
 @torch.no_grad()
-def test_decode_matches_naive_and_a_whole_prefill(kind, sinks, w, P, T):
-    case = decode_case(kind, w, P=P, T=T, sinks=sinks)
-    state = prefill_state(kind, w, case.k, case.v, case.key_features(case.k), case.mask, sinks)
+def test_decode_matches_naive_and_a_whole_prefill(kind, sinks, decay, own_keys, w, P, T):
+    """``own_keys``: phi_k reads other keys than the softmax (keys before RoPE), which the state keeps."""
+    case = decode_case(kind, w, P=P, T=T, sinks=sinks, decay=decay, own_keys=own_keys)
+    state = case.prefill()
     ys = []
     for t in range(T):
         y, state = decode_step_torch(state, *case.step_args(t))
@@ -23,15 +27,17 @@ def test_decode_matches_naive_and_a_whole_prefill(kind, sinks, w, P, T):
     assert_matches_naive(case, ys, 1e-5)
 
     k, v, mask = whole_sequence(case)
-    whole = prefill_state(kind, w, k, v, case.key_features(k), mask, sinks)
+    kin = case.feature_keys(k)
+    whole = prefill_state(kind, w, k, v, case.key_features(k if kin is None else kin), mask, sinks, case.decay, kin)
     assert whole.seen == state.seen == P + T and whole.win_k.shape[2] == window_capacity(kind, w)
     assert_close("S", whole.S, state.S, 1e-5)
     assert_close("z", whole.z, state.z, 1e-5)
     assert torch.equal(whole.first, state.first) and torch.equal(whole.win_valid, state.win_valid)
     cached = whole.win_valid[:, None, :, None]
     assert torch.equal(whole.win_pos[whole.win_valid], state.win_pos[state.win_valid])
-    for name in ("win_k", "win_v"):
+    for name in ("win_k", "win_v") + (("win_kin",) if own_keys else ()):
         assert torch.equal(torch.where(cached, getattr(whole, name), 0), torch.where(cached, getattr(state, name), 0)), name
+    assert (whole.win_kin is None) == (state.win_kin is None) == (not own_keys)
     assert_same_sinks(whole, state, sinks)
 
 

@@ -20,6 +20,20 @@ def test_decode_step_with_sink_tokens(kind):
     check_decode_triton(kind, 4, sinks=3, T=16)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_decode_step_with_a_decaying_history(kind):
+    """A decay: the state carried by the window's advance and the leaving keys weighted by their age
+    (in PyTorch around the kernel), in place or not, with sink tokens where there is a window."""
+    check_decode_triton(kind, 4, sinks=3 * (kind != "linear"), T=16, decay=True, inplace=kind == "terraced")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_decode_step_with_keys_of_its_own_for_the_feature_map(kind):
+    """phi_k reads other keys than the softmax (the keys before RoPE): the ring keeps them and the
+    keys it folds are read from there."""
+    check_decode_triton(kind, 4, sinks=3 * (kind != "linear"), T=16, decay=True, own_keys=True)
+
+
 def test_decode_step_in_place_state():
     check_decode_triton("terraced", 4, inplace=True, T=9)
 
