@@ -55,6 +55,8 @@ VARIANTS: dict[str, tuple[str, str, list[str]]] = {
     "decay-unrotated": ("the same with the feature maps on q, k before RoPE (feature_positions none; the shipped "
                         "preset with gamma_h from 0.99)", "cpu-demo",
                         ["attention.init_history_decay=0.99", "eval.long_context.passkey_trials=0"]),
+    "gemma3-defaults": ("the cpu-demo-gemma3 preset as shipped: 4 sink tokens, feature maps on q, k before RoPE, "
+                        "a decaying history", "cpu-demo-gemma3", ["eval.long_context.sequences=2", *MEASURE]),
     "gemma3-sinks4": ("the cpu-demo-gemma3 preset (3 global layers converted) with 4 sink tokens and the "
                       "length-normalised history", "cpu-demo-gemma3",
                       ["attention.sink_tokens=4", "eval.long_context.sequences=2", *_POWER, *MEASURE]),
