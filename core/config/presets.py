@@ -65,7 +65,7 @@ PRESETS: dict[str, dict] = {
 
 PRESET_DESCRIPTIONS: dict[str, str] = {  # one line each, for CLI help, the job list and the Launch page
     "paper-8b": "the paper's Llama 3 8B recipe with 4 sink tokens (GPU and hub access needed)",
-    "cpu-demo": "the bundled SmolLM2-135M on CPU in about 13 minutes, evaluated up to 4096 tokens",
+    "cpu-demo": "the bundled SmolLM2-135M on CPU in about 10 minutes, evaluated up to 4096 tokens",
     "cpu-demo-gemma3": "the bundled Gemma 3 270M on CPU (its 3 global layers converted, 4 sink tokens)",
     "tiny-test": "a 2-layer random Llama with the bundled tokenizer: seconds",
 }
