@@ -9,10 +9,11 @@ from core.train.checkpoint import CheckpointError, load_checkpoint
 from core.config import Stage1Spec, Stage2Spec
 from core.pipeline.runs import is_lolcats_tensor
 from core.progress import RecordingProgress, StopRequested
-from core.train.distill_attention import evaluate_layers, train_stage1
+from core.train.distill_attention import evaluate_layers, layer_losses, train_stage1
 from core.eval.metrics import teacher_context
 from core.train.finetune_lora import teacher_kl, train_stage2, validation_kl, validation_loss, wrap_for_stage2
 from core.train.loop import NonFiniteLossError
+from kernels.hybrid.naive import hybrid_attention_matrix, softmax_attention_matrix
 from tests.tiny_models import tiny_model
 
 
@@ -52,11 +53,40 @@ def test_stage1_lowers_per_layer_mse(tmp_path):
     assert any(n.endswith(".history_decay") for n in tensors)  # the default history norm's rates train
 
 
-def test_stage1_xent_term_trains(tmp_path):
+def attention_xent(model, batch) -> float:
+    """Mean over converted layers of the stage-1 attention cross-entropy on ``batch``."""
+    with torch.no_grad():
+        losses = layer_losses(model, batch, xent=True)
+    return torch.stack([v["xent"] for v in losses.values()]).mean().item()
+
+
+def test_stage1_xent_term_is_the_cross_entropy_of_the_attention_rows():
     model = student("sliding_window")
-    spec = Stage1Spec(**{**S1, "steps": 3, "xent_factor": 1.0, "eval_every": 3})
-    train_stage1(model, spec, blocks(4), blocks(2, seed=1), tmp_path, RecordingProgress(), seed=0, config={})
+    batch = blocks(2, seed=1)
+    attn = core.lolcats_modules(model)[0]
+    seen = {}
+    attn.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True)
+    with torch.no_grad():
+        losses = layer_losses(model, batch, xent=True)
+        q, k, _, q_in, k_in = attn.project(seen["hidden_states"], seen["position_embeddings"])
+        qf, kf = attn.features(q_in, k_in)
+        teacher = softmax_attention_matrix(q, k, attn.scaling)
+        student_rows = hybrid_attention_matrix(q, k, qf, kf, attn.mix, attn.kind, attn.window_size, attn.scaling,
+                                               decay=attn.log_decay())
+    want = -(teacher * student_rows.clamp(min=1e-12).log()).sum(-1).mean()
+    assert losses[0]["xent"].item() == pytest.approx(want.item(), rel=1e-5) and want > 0.1
+
+
+def test_stage1_xent_term_trains(tmp_path):
+    """With the output MSE off, the attention cross-entropy alone moves the maps and lowers itself."""
+    model = student("sliding_window")
+    train, val = blocks(8), blocks(2, seed=1)
+    before = attention_xent(model, val)
+    spec = Stage1Spec(**{**S1, "steps": 8, "mse_factor": 0.0, "xent_factor": 1.0, "eval_every": 4})
+    train_stage1(model, spec, train, val, tmp_path, RecordingProgress(), seed=0, config={})
     assert (tmp_path / "stage1" / "best" / "tensors.safetensors").is_file()
+    after = attention_xent(model, val)
+    assert after < before - 0.01, (before, after)
 
 
 def test_stage2_lowers_lm_loss(tmp_path):
