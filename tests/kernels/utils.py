@@ -33,11 +33,12 @@ GRAD_NAMES = ("dq", "dk", "dv", "dq_feat", "dk_feat", "dmix")
 
 def converted_tiny(kind: str, device: str | torch.device) -> torch.nn.Module:
     """The tiny random Llama with every layer converted to ``kind`` (window 8, random Hedgehog
-    features, random window mix), the same weights on any ``device``."""
+    features, random window mix, the length-normalised history: the Triton chunk kernels do not
+    implement the decaying one), the same weights on any ``device``."""
     torch.manual_seed(0)
     model = core.linearize(
         tiny_model("llama", seed=0),
-        core.AttentionSpec(kind=kind, window_size=8, feature_dim=8, feature_init="random"),
+        core.AttentionSpec(kind=kind, window_size=8, feature_dim=8, feature_init="random", history_norm="power"),
     )
     with torch.no_grad():
         for m in core.lolcats_modules(model).values():
