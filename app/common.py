@@ -217,26 +217,41 @@ def latest_attempt(points: list[MetricPoint]) -> list[MetricPoint]:
     return sorted(newest.values(), key=lambda p: p.id)
 
 
-def stage_eta(job: JobInfo, points: list[MetricPoint]) -> float | None:
-    """Seconds left in the running stage, from the pace of its steps so far (None if unknown)."""
-    if job.status != "running" or not job.progress_total or job.progress_step is None:
-        return None
-    rows = [p for p in points if p.stage == job.progress_stage and p.attempt == job.attempt]
-    if not rows:
-        return None
+def _pace(points: list[MetricPoint]) -> tuple[float | None, int, datetime]:
+    """(seconds per step between the first and the last step of ``points``, or None with one step
+    only; the last step; its time)."""
     steps: dict[int, datetime] = {}
-    for p in rows:
+    for p in points:
         steps.setdefault(p.step, p.time)
     ordered = sorted(steps.items())
     (s0, t0), (s1, t1) = ordered[0], ordered[-1]
-    if s1 > s0:
-        per_step = (t1 - t0).total_seconds() / (s1 - s0)
-    elif job.started_at is not None:
-        per_step = (t1 - job.started_at).total_seconds() / max(s1, 1)
-    else:
+    return ((t1 - t0).total_seconds() / (s1 - s0) if s1 > s0 else None), s1, t1
+
+
+def stage_eta(job: JobInfo, points: list[MetricPoint]) -> float | None:
+    """Seconds left in the running stage, from the pace of its steps so far (None if unknown).
+
+    The pace is that of this attempt's steps. With one step so far: an attempt that resumed the
+    stage (earlier attempts logged steps of it) takes the earlier attempts' pace, since its first
+    step number counts the steps done before it; an attempt that started the stage takes the time
+    since the attempt started over the steps done."""
+    if job.status != "running" or not job.progress_total or job.progress_step is None:
+        return None
+    stage = [p for p in points if p.stage == job.progress_stage]
+    current = [p for p in stage if p.attempt == job.attempt]
+    if not current:
+        return None
+    per_step, last_step, last_time = _pace(current)
+    if per_step is None:
+        earlier = [p for p in stage if p.attempt < job.attempt]
+        if earlier:
+            per_step = _pace(earlier)[0]
+        elif job.started_at is not None:
+            per_step = (last_time - job.started_at).total_seconds() / max(last_step, 1)
+    if per_step is None:
         return None
     left = max(job.progress_total - job.progress_step, 0) * per_step
-    since_last = (utcnow() - t1).total_seconds()
+    since_last = (utcnow() - last_time).total_seconds()
     return max(left - since_last, 0.0)
 
 
