@@ -40,11 +40,23 @@ def chat(
             message = console.input("[bold]you> [/bold]").strip()
         except EOFError:
             break
+        except UnicodeDecodeError:  # a terminal in another encoding, read strictly
+            console.print("[yellow]that line is not UTF-8 text[/yellow]; type it again", highlight=False)
+            continue
         if not message:
             break
+        if _undecodable(message):
+            message = message.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            console.print("[yellow]bytes that are not UTF-8 were replaced by \ufffd[/yellow]", highlight=False)
         prompt = chat_prompt(tokenizer, message)
         for name, context in answerers:
             t0 = time.perf_counter()
             with context():
                 answer = generate_text(model, tokenizer, prompt, max_new_tokens)
             console.print(f"[cyan]{name}[/cyan] ({time.perf_counter() - t0:.1f}s): {answer}", highlight=False)
+
+
+def _undecodable(text: str) -> bool:
+    """Whether ``text`` carries bytes that were not UTF-8 (read with ``surrogateescape``, as Python
+    reads standard input under a C or POSIX locale): lone surrogates, which no tokenizer accepts."""
+    return any("\udc80" <= ch <= "\udcff" for ch in text)

@@ -104,6 +104,22 @@ def test_chat_ends_at_end_of_input(cli, converted, workspace):
     assert result.output.count("student (") == 1
 
 
+def test_chat_answers_text_that_is_not_utf8(cli, converted, workspace, monkeypatch):
+    """Under a C locale Python reads stray bytes as lone surrogates, which the tokenizer refuses;
+    chat replaces them and answers. Read strictly, such a line is refused and the next one read."""
+    out, _ = converted
+    lines = iter(["caf\udce9 \udcff hello", ""])
+    monkeypatch.setattr("rich.console.Console.input", lambda self, prompt="": next(lines))
+    result = runner.invoke(cli, ["chat", str(out), "--max-new-tokens", "2", "--workspace", str(workspace)])
+    assert result.exit_code == 0, result.output
+    assert "replaced" in result.output and result.output.count("student (") == 1
+    monkeypatch.undo()  # standard input again, decoded strictly by the runner
+    result = runner.invoke(cli, ["chat", str(out), "--max-new-tokens", "2", "--workspace", str(workspace)],
+                           input=b"caf\xe9 \xff hello\nhi\n\n")
+    assert result.exit_code == 0, result.output
+    assert "not UTF-8" in result.output
+
+
 def test_bench_measures_teacher_and_student_at_the_given_points(cli, converted, workspace, tmp_path):
     out, _ = converted
     target = tmp_path / "bench.json"
