@@ -10,7 +10,8 @@ import core
 from core.config import AttentionSpec
 from core.pipeline.runs import load_converted
 from kernels.hybrid.naive import window_masks
-from tests.core.attention.test_surgery import converted, left_padded_batch, rel_err
+from tests.core.attention.test_history_norm import layer_inputs
+from tests.core.attention.test_surgery import converted, rel_err
 from tests.tiny_models import tiny_model
 from tests.tiny_runs import convert_tiny
 
@@ -39,11 +40,8 @@ def written_out(q, k, v, qf, kf, mix, gamma, kind, w, sinks, mask, scale):
 def test_layer_prefill_equals_the_weights_written_out(kind, sinks):
     model = converted("llama", kind, window=8, sinks=sinks, history_norm="decay")
     attn = core.lolcats_modules(model)[0]
-    g = torch.Generator().manual_seed(3)
-    B, L, H, Hkv, d = 3, 70, attn.num_heads, attn.num_kv_heads, attn.head_dim
-    q, k, v = torch.randn(B, H, L, d, generator=g), torch.randn(B, Hkv, L, d, generator=g), torch.randn(B, Hkv, L, d, generator=g)
-    _, mask = left_padded_batch([70, 41, 9], L)
-    mask = mask.bool()
+    q, k, v, mask = layer_inputs(attn)
+    H, Hkv = attn.num_heads, attn.num_kv_heads
     y, _ = attn.prefill(q, k, v, mask, False, q, k)  # the feature maps read the rotated q, k (feature_positions rotary)
     qf, kf = attn.feature_map_q(q), attn.feature_map_k(k.repeat_interleave(H // Hkv, dim=1))
     gamma = torch.sigmoid(attn.history_decay)

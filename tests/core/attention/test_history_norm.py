@@ -25,16 +25,22 @@ def history_scale(kind, w, sinks, pos, logits):
     return n[:, None, :, None] ** -torch.sigmoid(logits.double())[None, :, None, None]
 
 
+def layer_inputs(attn, B=3, L=70):
+    """Random q [B, H, L, d], k, v [B, H_kv, L, d] for ``attn`` and a left-padded [B, L] bool mask."""
+    g = torch.Generator().manual_seed(3)
+    H, Hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    q, k, v = torch.randn(B, H, L, d, generator=g), torch.randn(B, Hkv, L, d, generator=g), torch.randn(B, Hkv, L, d, generator=g)
+    _, mask = left_padded_batch([70, 41, 9], L)
+    return q, k, v, mask.bool()
+
+
 @pytest.mark.parametrize("kind, sinks", CASES)
 @torch.no_grad()
 def test_layer_prefill_equals_the_float64_oracle_with_the_history_scale(kind, sinks):
     model = converted("llama", kind, window=8, sinks=sinks, history_norm="power")
     attn = core.lolcats_modules(model)[0]
-    g = torch.Generator().manual_seed(3)
-    B, L, H, Hkv, d = 3, 70, attn.num_heads, attn.num_kv_heads, attn.head_dim
-    q, k, v = torch.randn(B, H, L, d, generator=g), torch.randn(B, Hkv, L, d, generator=g), torch.randn(B, Hkv, L, d, generator=g)
-    _, mask = left_padded_batch([70, 41, 9], L)
-    mask = mask.bool()
+    q, k, v, mask = layer_inputs(attn)
+    L, H, Hkv = q.shape[2], attn.num_heads, attn.num_kv_heads
     y, _ = attn.prefill(q, k, v, mask, False, q, k)  # the feature maps read the rotated q, k (feature_positions rotary)
     pos = torch.arange(L)[None] - (~mask).long().sum(-1, keepdim=True)  # from each row's first real token
     qf = attn.feature_map_q(q).double() * history_scale(kind, 8, sinks, pos, attn.history_power)

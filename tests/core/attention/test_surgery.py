@@ -200,10 +200,11 @@ def test_converting_twice_is_refused():
 
 
 @pytest.mark.parametrize("arch, overrides", [("llama", {}), ("mistral", {"sliding_window": 24}), ("qwen2", {}),
-                                             ("qwen3", {})], ids=["llama", "mistral-window-24", "qwen2", "qwen3"])
+                                             ("qwen3", {}), ("gemma3", {})],
+                         ids=["llama", "mistral-window-24", "qwen2", "qwen3", "gemma3"])
 @torch.no_grad()
 def test_teacher_mode_is_the_unconverted_model_on_every_family(arch, overrides):
-    """Inputs longer than Mistral's own sliding window (24): teacher mode keeps that window."""
+    """Inputs longer than Mistral's and Gemma 3's own sliding windows (24): teacher mode keeps them."""
     original = tiny_model(arch, seed=1, **overrides)
     model = core.linearize(copy.deepcopy(original), core.AttentionSpec(window_size=8, feature_dim=8))
     core.set_mode(model, "teacher")
