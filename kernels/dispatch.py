@@ -95,13 +95,14 @@ def _triton_problem(device: torch.device) -> str | None:
 
 def _smoke_test(device: torch.device, signature: tuple) -> str | None:
     """Compile and run the kernels (forward and backward) once on a tiny input with the given
-    (kind, head dim, feature dim, dtype, feature dtype) on ``device``; the failure text or None.
+    (kind, head dim, feature dim, dtype, feature dtype, decaying history) on ``device``; the
+    failure text or None.
 
     A broken toolchain (compiler, driver, ptxas) or a tiling the device cannot hold shows here, at
     the first call, rather than at the first backward pass of a run."""
     key = (str(device),) + signature
     if key not in _smoke:
-        kind, d, Fd, dtype, fdtype = signature
+        kind, d, Fd, dtype, fdtype, decayed = signature
         try:
             chunk_triton, _ = load_triton()
             g = torch.Generator(device="cpu").manual_seed(0)
@@ -110,12 +111,13 @@ def _smoke_test(device: torch.device, signature: tuple) -> str | None:
             inputs = [torch.randn(2, n, 40, d, generator=g).to(device, dtype) for n in (2, 1, 1)]
             inputs += [torch.rand(2, 2, 40, Fd, generator=g).to(device, fdtype) for _ in range(2)]
             inputs += [torch.zeros(2, device=device)]
+            decay = torch.tensor([0.8, 0.95]).log().to(device) if decayed else None
             mask = mask.to(device)
             with torch.inference_mode(False), torch.enable_grad():
                 outs = []
                 for fn in (chunk_triton.hybrid_attention_triton, hybrid_attention_torch):
                     leaves = [t.clone().requires_grad_() for t in inputs]
-                    y = fn(*leaves, kind, 8, mask)
+                    y = fn(*leaves, kind, 8, mask, decay=decay)
                     y.float().sum().backward()
                     outs.append([y.detach()] + [leaves[i].grad for i in (2, 3)])  # y, dv, dq_feat
             worst = max(((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-12)).item() for a, b in zip(*outs))
@@ -129,13 +131,14 @@ def _smoke_test(device: torch.device, signature: tuple) -> str | None:
 def select_backend(device: torch.device | str, backend: str | None = None, signature: tuple | None = None) -> str:
     """``"triton"`` or ``"torch"`` for tensors on ``device`` (see the module docstring).
 
-    ``signature``: (kind, head dim, feature dim, dtype, feature dtype) of the call, for the one-off
-    smoke test on CUDA. Default: ``None`` (a small float32 terraced problem)."""
+    ``signature``: (kind, head dim, feature dim, dtype, feature dtype, decaying history) of the
+    call, for the one-off smoke test on CUDA. Default: ``None`` (a small float32 terraced problem
+    with a decaying history)."""
     device = torch.device(device)
     name = requested_backend(backend)
     if name == "torch":
         return "torch"
-    signature = signature or ("terraced", 16, 16, torch.float32, torch.float32)
+    signature = signature or ("terraced", 16, 16, torch.float32, torch.float32, True)
     if name == "triton":
         problem = _triton_problem(device)
         if problem is None and device.type == "cuda":
@@ -156,31 +159,30 @@ def select_backend(device: torch.device | str, backend: str | None = None, signa
     return "triton"
 
 
-def _signature(kind: str, q: torch.Tensor, q_feat: torch.Tensor) -> tuple:
-    return (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype)
+def _signature(kind: str, q: torch.Tensor, q_feat: torch.Tensor, decay) -> tuple:
+    return (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype, decay is not None)
 
 
-def _chunk_only_backend(backend: str | None, sinks: int, decay) -> str | None:
-    """``"torch"`` for a whole-sequence call with sink tokens or a decay, which the Triton chunk
-    kernels do not implement (an explicit ``triton`` request is refused; the Triton decode step does
-    implement them); None without either, for :func:`select_backend` to decide."""
-    missing = [what for what, used in (("sink tokens", sinks), ("a decaying history", decay is not None)) if used]
-    if not missing:
+def _chunk_only_backend(backend: str | None, sinks: int) -> str | None:
+    """``"torch"`` for a whole-sequence call with sink tokens, which the Triton chunk kernels do not
+    implement (an explicit ``triton`` request is refused; the Triton decode step does implement
+    them); None without, for :func:`select_backend` to decide."""
+    if not sinks:
         return None
     if requested_backend(backend) == "triton":
         raise KernelBackendError(f"{ENV_VAR}=triton was requested but the Triton chunk kernels do not implement "
-                                 f"{' or '.join(missing)}; use {ENV_VAR}=torch or auto (the PyTorch form), or "
-                                 "attention.sink_tokens=0 and a history_norm other than decay")
+                                 f"sink tokens; use {ENV_VAR}=torch or auto (the PyTorch form), or attention.sink_tokens=0")
     return "torch"
 
 
 def hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, sinks=0, *,
                      decay=None, backend=None):
     """Hybrid attention through the selected backend; arguments as ``core.attention.hybrid_attention``."""
-    name = _chunk_only_backend(backend, sinks, decay) or select_backend(q.device, backend, _signature(kind, q, q_feat))
+    name = _chunk_only_backend(backend, sinks) or select_backend(q.device, backend, _signature(kind, q, q_feat, decay))
     if name == "triton":
         chunk_triton, _ = load_triton()
-        return chunk_triton.hybrid_attention_triton(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale)
+        return chunk_triton.hybrid_attention_triton(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale,
+                                                    decay=decay)
     return hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks, decay)
 
 
@@ -190,7 +192,7 @@ def decode_step(
 ) -> tuple[torch.Tensor, HybridState]:
     """One decode step through the selected backend; arguments and result as
     :func:`kernels.hybrid.recurrent_torch.decode_step_torch`."""
-    if select_backend(q.device, backend, _signature(kind, q, q_feat)) == "triton":
+    if select_backend(q.device, backend, _signature(kind, q, q_feat, decay)) == "triton":
         _, recurrent_triton = load_triton()
         return recurrent_triton.decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale,
                                                    decay, k_in)

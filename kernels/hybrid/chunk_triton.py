@@ -5,11 +5,15 @@ q ``[B, H, L, d]``, k and v ``[B, H_kv, L, d]`` (query head h reads KV head ``h 
 never repeated), q_feat and k_feat ``[B, H, L, F]``, mix ``[H]``, key mask ``[B, L]``. Query n
 attends with softmax to the real keys ``lb(n) <= j <= n`` and linearly to the real keys
 ``j < lb(n)``, with lb = ``kernels.hybrid.window.window_start`` (its jit copy: ``_window_start``).
+With ``decay`` (log gamma_h, ``[H]``) history key j of query n is weighted by
+gamma_h^(lb(n) - 1 - j) (``kernels.hybrid.decay``): the prefix state of a chunk is decayed to the
+chunk's last key, and a query reading it scales it by gamma^(lb(n) - chunk start).
 
 Kernels: ``hybrid_chunk_state_kernel`` (per-chunk state increments; PyTorch sums them into prefix
 states), ``hybrid_fwd_kernel`` (window max, then window and history in one accumulator),
 ``hybrid_bwd_dq_kernel`` and ``hybrid_bwd_dkv_kernel`` (scores recomputed; per query only the
-window max, its argmax and the normaliser are saved). Accumulation is float32. What is fused, the
+window max, its argmax and the normaliser are saved), ``decayed_scan_kernel`` (prefix states
+from the increments, and their gradients, in chunk order). Accumulation is float32. What is fused, the
 tilings and the precision rules: docs/kernels.md.
 """
 
@@ -121,6 +125,20 @@ def _history_mask(o_k, lb_q, m_k):
 
 
 @triton.jit
+def _history_decay(o_k, lb_q, m_h, lg):
+    """[rows, keys]: (gamma^(lb(n) - 1 - j), lb(n) - 1 - j) on the history m_h, (1, 0) elsewhere
+    (lg = log gamma of the head)."""
+    age = tl.where(m_h, lb_q[:, None] - 1 - o_k[None, :], 0).to(tl.float32)
+    return tl.exp(lg * age), age
+
+
+@triton.jit
+def _chunk_end_ages(o_k, BT: tl.constexpr):
+    """Age of keys o_k at the last key of their chunk of BT: (o_k // BT + 1) BT - 1 - o_k."""
+    return ((o_k // BT + 1) * BT - 1 - o_k).to(tl.float32)
+
+
+@triton.jit
 def _window_weights(b_q, b_k, b_c, b_g, m_w, scale, DOT: tl.constexpr):
     """g exp(q k^T scale - c) on the window, 0 elsewhere."""
     b_s = _dot(b_q, tl.trans(b_k), DOT) * scale
@@ -154,13 +172,14 @@ def store_state(S, z, b_S, b_z, i_bh, chunk, NC, o_f, o_d, m_f, m_d, D: tl.const
 
 @triton.jit
 def hybrid_chunk_state_kernel(
-    kf, v, kmask, dS, dz,
+    kf, v, kmask, decay, dS, dz,
     s_fb, s_fh, s_fl, s_vb, s_vh, s_vl,
     L, H, G, NC,
-    HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+    HAS_MASK: tl.constexpr, DECAY: tl.constexpr, DOT: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
 ):
-    """Per chunk of BT keys: dS = sum_j phi_k(k_j) v_j^T [F, d], dz = sum_j phi_k(k_j) [F]."""
+    """Per chunk of BT keys: dS = sum_j a_j phi_k(k_j) v_j^T [F, d], dz = sum_j a_j phi_k(k_j) [F],
+    a_j = gamma^(the key's age at the chunk's last key) with a decay, else 1."""
     i_bh, i_c = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h, i_kh = head_indices(i_bh, H, G)
     o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
@@ -173,6 +192,8 @@ def hybrid_chunk_state_kernel(
         o_k = i_c * BT + s0 + tl.arange(0, BS)
         m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
         b_kf = load_rows(p_kf0, o_k, s_fl, o_f, m_k, m_f).to(tl.float32)  # [BS, BF]
+        if DECAY:
+            b_kf *= tl.exp(tl.load(decay + i_h) * _chunk_end_ages(o_k, BT))[:, None]
         b_v = load_rows(p_v0, o_k, s_vl, o_d, m_k, m_d)  # [BS, BD]
         b_S += _dot(tl.trans(b_kf), b_v.to(tl.float32), DOT)  # [BF, BD]
         b_z += tl.sum(b_kf, 0)
@@ -180,11 +201,32 @@ def hybrid_chunk_state_kernel(
 
 
 @triton.jit
+def decayed_scan_kernel(x, y, ya, decay, NC, N, H, step, REVERSE: tl.constexpr, AGES: tl.constexpr, BN: tl.constexpr):
+    """Exclusive scan over the NC chunks of x [B * H, NC, N] with r = gamma_h^step (1 without a
+    decay): y_c = sum_{m < c} r^(c - 1 - m) x_m, or with REVERSE y_m = sum_{c > m} r^(c - m - 1) x_c
+    and, with AGES, ya_m = sum_{c > m} (c - m - 1) step r^(c - m - 1) x_c (its derivative in log gamma)."""
+    i_bh, i_n = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    r = tl.exp(tl.load(decay + i_bh % H) * step)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    acc = tl.zeros([BN], dtype=tl.float32)
+    acc_a = tl.zeros([BN], dtype=tl.float32)
+    for t in range(0, NC):
+        c = NC - 1 - t if REVERSE else t
+        p = (i_bh * NC + c) * N + o_n
+        tl.store(y + p, acc, mask=m_n)
+        if AGES:
+            tl.store(ya + p, acc_a, mask=m_n)
+            acc_a = r * (acc_a + step * acc)
+        acc = acc * r + tl.load(x + p, mask=m_n, other=0)
+
+
+@triton.jit
 def hybrid_fwd_kernel(
-    q, k, v, qf, kf, kmask, gate, S, z, o, cmax, amax, den,
+    q, k, v, qf, kf, kmask, gate, decay, S, z, o, cmax, amax, den,
     s_qb, s_qh, s_ql, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_qfb, s_qfh, s_qfl, s_kfb, s_kfh, s_kfl,
     L, H, G, NC, w, scale,
-    KIND: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+    KIND: tl.constexpr, HAS_MASK: tl.constexpr, DECAY: tl.constexpr, DOT: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
 ):
     i_bh, i_t = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -198,6 +240,7 @@ def hybrid_fwd_kernel(
     b_q = load_rows(head_ptr(q, i_b, i_h, s_qb, s_qh), o_t, s_ql, o_d, m_t, m_d)  # [BT, BD]
     b_qf = load_rows(head_ptr(qf, i_b, i_h, s_qfb, s_qfh), o_t, s_qfl, o_f, m_t, m_f)  # [BT, BF]
     b_g = tl.load(gate + i_h)
+    b_lg = tl.load(decay + i_h)
 
     # pass 1: the window max c_n and its argmax
     b_m = tl.full([BT], float("-inf"), dtype=tl.float32)
@@ -222,6 +265,8 @@ def hybrid_fwd_kernel(
     if k0 > 0:
         b_S, b_z = load_state(S, z, i_bh, k0 // BT, NC, o_f, o_d, m_f, m_d, D, FD)  # [BF, BD], [BF]
         b_qf32 = b_qf.to(tl.float32)
+        if DECAY:  # the state is decayed to key k0 - 1; row n reads it gamma^(lb(n) - k0) later
+            b_qf32 *= tl.exp(b_lg * (lb_q - k0).to(tl.float32))[:, None]
         b_acc += _dot(b_qf32, b_S, DOT)
         b_den += tl.sum(b_qf32 * b_z[None, :], 1)
     for ks in range(k0, k_end, BS):
@@ -236,7 +281,10 @@ def hybrid_fwd_kernel(
         if ks < lb_last:
             b_kf = load_rows(p_kf0, o_k, s_kfl, o_f, m_k, m_f)
             b_a = _dot(b_qf, tl.trans(b_kf), DOT)  # [BT, BS]
-            b_p += tl.where(_history_mask(o_k, lb_q, m_k), b_a, 0.0)
+            m_h = _history_mask(o_k, lb_q, m_k)
+            if DECAY:
+                b_a *= _history_decay(o_k, lb_q, m_h, b_lg)[0]
+            b_p += tl.where(m_h, b_a, 0.0)
         b_acc += _dot(b_p.to(b_v.dtype), b_v, DOT)
         b_den += tl.sum(b_p, 1)
 
@@ -250,11 +298,11 @@ def hybrid_fwd_kernel(
 
 @triton.jit
 def hybrid_bwd_dq_kernel(
-    q, k, v, qf, kf, kmask, gate, S, z, dy, den, delta, cmax, amax,
-    dq, dqf, dc, dSb, dzb,
+    q, k, v, qf, kf, kmask, gate, decay, S, z, dy, den, delta, cmax, amax,
+    dq, dqf, dc, dSb, dzb, dlg,
     s_qb, s_qh, s_ql, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_qfb, s_qfh, s_qfl, s_kfb, s_kfh, s_kfl,
     L, H, G, NC, w, scale,
-    KIND: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+    KIND: tl.constexpr, HAS_MASK: tl.constexpr, DECAY: tl.constexpr, DOT: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
 ):
     i_bh, i_t = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -274,6 +322,10 @@ def hybrid_bwd_dq_kernel(
     b_c = tl.load(cmax + o_row, mask=m_t, other=0.0)
     b_am = tl.load(amax + o_row, mask=m_t, other=0)
     b_g = tl.load(gate + i_h)
+    b_lg = tl.load(decay + i_h)
+    b_fq = tl.full([BT], 1.0, dtype=tl.float32)  # the factor of the prefix state row n reads
+    if DECAY:
+        b_fq = tl.exp(b_lg * (lb_q - k0).to(tl.float32))
     # dL/dP_nj = dy_n.v_j / den_n - delta_n  with  delta_n = dy_n.y_n / den_n
     b_do = b_dy * (1.0 / tl.where(b_den > 0, b_den, 1.0))[:, None]  # [BT, BD] fp32
     b_doc = b_do.to(q.dtype.element_ty)
@@ -281,9 +333,15 @@ def hybrid_bwd_dq_kernel(
     b_dq = tl.zeros([BT, BD], dtype=tl.float32)
     b_dqf = tl.zeros([BT, BF], dtype=tl.float32)
     b_r = tl.zeros([BT], dtype=tl.float32)  # sum_j Pw_nj dP_nj = -dL/dc_n
+    # dL/dlog gamma of row n's history pairs: sum_j age_nj A_nj dP_nj, A_nj = its weighted score
+    # (the ages of the prefix pairs before the state's last key are added on the host)
+    b_dlg = tl.zeros([BT], dtype=tl.float32)
     if k0 > 0:
         b_S, b_z = load_state(S, z, i_bh, k0 // BT, NC, o_f, o_d, m_f, m_d, D, FD)  # [BF, BD], [BF]
-        b_dqf += _dot(b_do, tl.trans(b_S), DOT) - b_delta[:, None] * b_z[None, :]
+        b_dqs = (_dot(b_do, tl.trans(b_S), DOT) - b_delta[:, None] * b_z[None, :]) * b_fq[:, None]
+        b_dqf += b_dqs
+        if DECAY:
+            b_dlg += (lb_q - k0).to(tl.float32) * tl.sum(b_qf.to(tl.float32) * b_dqs, 1)
     for ks in range(k0, k_end, BS):
         o_k = ks + tl.arange(0, BS)
         m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
@@ -297,7 +355,12 @@ def hybrid_bwd_dq_kernel(
                 b_dq += _dot(b_ds.to(b_k.dtype), b_k, DOT)
         if ks < lb_last:
             b_kf = load_rows(p_kf0, o_k, s_kfl, o_f, m_k, m_f)
-            b_da = tl.where(_history_mask(o_k, lb_q, m_k), b_dp, 0.0)
+            m_h = _history_mask(o_k, lb_q, m_k)
+            b_da = tl.where(m_h, b_dp, 0.0)
+            if DECAY:
+                b_wh, b_age = _history_decay(o_k, lb_q, m_h, b_lg)
+                b_da *= b_wh
+                b_dlg += tl.sum(b_age * _dot(b_qf, tl.trans(b_kf), DOT) * b_da, 1)
             b_dqf += _dot(b_da.to(b_kf.dtype), b_kf, DOT)
     b_dc = -b_r
     if KIND != 0:
@@ -309,19 +372,22 @@ def hybrid_bwd_dq_kernel(
     tl.store(dq + o_row[:, None] * D + o_d[None, :], b_dq.to(dq.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
     tl.store(dqf + o_row[:, None] * FD + o_f[None, :], b_dqf.to(dqf.dtype.element_ty), mask=m_t[:, None] & m_f[None, :])
     tl.store(dc + o_row, b_dc, mask=m_t)
-    # gradient of the prefix state this block read: dS = phi_q^T dy/den, dz = -phi_q^T delta
-    b_dSb = _dot(tl.trans(b_qf), b_do.to(b_qf.dtype), DOT)  # [BF, BD]
-    b_dzb = -tl.sum(b_qf.to(tl.float32) * b_delta[:, None], 0)
+    if DECAY:
+        tl.store(dlg + o_row, b_dlg, mask=m_t)
+    # gradient of the prefix state this block read: dS = (f phi_q)^T dy/den, dz = -(f phi_q)^T delta
+    b_qfs = (b_qf.to(tl.float32) * b_fq[:, None]).to(b_qf.dtype)
+    b_dSb = _dot(tl.trans(b_qfs), b_do.to(b_qf.dtype), DOT)  # [BF, BD]
+    b_dzb = -tl.sum(b_qfs.to(tl.float32) * b_delta[:, None], 0)
     store_state(dSb, dzb, b_dSb, b_dzb, i_bh, i_t, tl.cdiv(L, BT), o_f, o_d, m_f, m_d, D, FD)
 
 
 @triton.jit
 def hybrid_bwd_dkv_kernel(
-    q, k, v, qf, kf, kmask, gate, dy, den, delta, cmax, amax, dc, dSr, dzr,
-    dk, dv, dkf,
+    q, k, v, qf, kf, kmask, gate, decay, dy, den, delta, cmax, amax, dc, dSr, dzr,
+    dk, dv, dkf, dlg,
     s_qb, s_qh, s_ql, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_qfb, s_qfh, s_qfl, s_kfb, s_kfh, s_kfl,
     L, H, G, NC, w, scale,
-    KIND: tl.constexpr, HAS_MASK: tl.constexpr, DOT: tl.constexpr,
+    KIND: tl.constexpr, HAS_MASK: tl.constexpr, DECAY: tl.constexpr, DOT: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
 ):
     i_bk, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -348,6 +414,7 @@ def hybrid_bwd_dkv_kernel(
         i_bh = i_b * H + i_h
         b_kf = load_rows(head_ptr(kf, i_b, i_h, s_kfb, s_kfh), o_k, s_kfl, o_f, m_k, m_f)  # [BS, BF]
         b_g = tl.load(gate + i_h)
+        b_lg = tl.load(decay + i_h)
         p_q0 = head_ptr(q, i_b, i_h, s_qb, s_qh)
         p_qf0 = head_ptr(qf, i_b, i_h, s_qfb, s_qfh)
         b_dkf = tl.zeros([BS, BF], dtype=tl.float32)
@@ -373,14 +440,28 @@ def hybrid_bwd_dkv_kernel(
                 b_qf = load_rows(p_qf0, o_t, s_qfl, o_f, m_t, m_f)
                 m_h = _history_mask(o_k, lb_q, m_k)
                 b_a = _dot(b_qf, tl.trans(b_kf), DOT)
-                b_p += tl.where(m_h, b_a, 0.0)
                 b_da = tl.where(m_h, b_dp, 0.0)
+                if DECAY:
+                    b_wh = _history_decay(o_k, lb_q, m_h, b_lg)[0]
+                    b_a *= b_wh
+                    b_da *= b_wh
+                b_p += tl.where(m_h, b_a, 0.0)
                 b_dkf += _dot(tl.trans(b_da.to(b_qf.dtype)), b_qf, DOT)
             b_dv += _dot(tl.trans(b_p.to(b_doc.dtype)), b_doc, DOT)
-        # the keys of this block sit in every prefix state after their chunk
+        # the keys of this block sit in every prefix state after their chunk (weighted by their
+        # decay to the chunk's last key; dSr holds the later states' gradients decayed to it)
         b_dS, b_dz = load_state(dSr, dzr, i_bh, ks // BT, NC, o_f, o_d, m_f, m_d, D, FD)  # [BF, BD], [BF]
-        b_dkf += _dot(b_v.to(tl.float32), tl.trans(b_dS), DOT) + b_dz[None, :]
-        b_dv += _dot(b_kf.to(tl.float32), b_dS, DOT)
+        b_dks = _dot(b_v.to(tl.float32), tl.trans(b_dS), DOT) + b_dz[None, :]
+        b_dvs = _dot(b_kf.to(tl.float32), b_dS, DOT)
+        if DECAY:
+            b_age = _chunk_end_ages(o_k, BT)
+            b_rho = tl.exp(b_lg * b_age)[:, None]
+            b_dks *= b_rho
+            b_dvs *= b_rho
+            # dL/dlog gamma of the states' pairs: their age up to the chunk's last key
+            tl.store(dlg + i_bh * tl.cdiv(L, BS) + i_s, tl.sum(b_age * tl.sum(b_kf.to(tl.float32) * b_dks, 1)))
+        b_dkf += b_dks
+        b_dv += b_dvs
         b_dkf = tl.where(m_k[:, None], b_dkf, 0.0)
         p_dkf = dkf + (i_bh * L + o_k[:, None]) * FD + o_f[None, :]
         tl.store(p_dkf, b_dkf.to(dkf.dtype.element_ty), mask=(o_k[:, None] < L) & m_f[None, :])
@@ -457,11 +538,11 @@ def _dot_mode(dtype: torch.dtype, fdtype: torch.dtype) -> int:
     return 2 if INTERPRETER and torch.bfloat16 in (dtype, fdtype) else 0
 
 
-def _consts(kind, kmask, q, qf, cfg):
+def _consts(kind, kmask, q, qf, decayed, cfg):
     BT, BS, nw, ns = cfg
     d, Fd = q.shape[-1], qf.shape[-1]
     out = dict(
-        KIND=KIND_IDS[kind], HAS_MASK=kmask is not None, DOT=_dot_mode(q.dtype, qf.dtype),
+        KIND=KIND_IDS[kind], HAS_MASK=kmask is not None, DECAY=decayed, DOT=_dot_mode(q.dtype, qf.dtype),
         D=d, FD=Fd, BD=_pow2(d), BF=_pow2(Fd), BT=BT, BS=BS,
     )
     if not INTERPRETER:
@@ -469,22 +550,37 @@ def _consts(kind, kmask, q, qf, cfg):
     return out
 
 
-def _prefix_states(kf, v, kmask, G, NC, consts):
-    """Exclusive prefix states S [B*H, NC, F, d], z [B*H, NC, F] of all keys before each chunk."""
+SCAN_BLOCK = 1024  # elements of a state per program of the chunk scan
+
+
+def _scan(x, lg, step: int, reverse: bool = False, ages: bool = False):
+    """:func:`decayed_scan_kernel` over x [B * H, NC, ...] (float32, contiguous): y, or (y, ya) with ``ages``."""
+    BH, NC = x.shape[:2]
+    N = x[0, 0].numel()
+    y = torch.empty_like(x)
+    ya = torch.empty_like(x) if ages else y
+    grid = (BH, triton.cdiv(N, SCAN_BLOCK))
+    decayed_scan_kernel[grid](x, y, ya, lg, NC, N, lg.shape[0], step, REVERSE=reverse, AGES=ages, BN=SCAN_BLOCK)
+    return (y, ya) if ages else y
+
+
+def _chunk_states(kf, v, kmask, lg, G, NC, consts):
+    """Per-chunk increments dS [B*H, NC, F, d], dz [B*H, NC, F] of :func:`hybrid_chunk_state_kernel`."""
     B, H, L, Fd = kf.shape
     d = v.shape[-1]
     dS = torch.empty(B * H, NC, Fd, d, device=kf.device, dtype=torch.float32)
     dz = torch.empty(B * H, NC, Fd, device=kf.device, dtype=torch.float32)
     c = {key: val for key, val in consts.items() if key != "KIND"}
     hybrid_chunk_state_kernel[(B * H, NC)](
-        kf, v, kmask if kmask is not None else kf, dS, dz, *_strides(kf, v), L, H, G, NC, **c,
+        kf, v, kmask if kmask is not None else kf, lg, dS, dz, *_strides(kf, v), L, H, G, NC, **c,
     )
-    S = torch.zeros_like(dS)
-    z = torch.zeros_like(dz)
-    if NC > 1:
-        S[:, 1:] = dS[:, :-1].cumsum(1)
-        z[:, 1:] = dz[:, :-1].cumsum(1)
-    return S, z
+    return dS, dz
+
+
+def _prefix_states(dS, dz, lg, BT: int):
+    """Exclusive prefix states S [B*H, NC, F, d], z [B*H, NC, F] of all keys before each chunk, each
+    key weighted by gamma^(its age at the chunk's first key - 1) (1 without a decay)."""
+    return _scan(dS, lg, BT), _scan(dz, lg, BT)
 
 
 def _state_chunk_of_block(kind: str, w: int, NT: int, BT: int, device) -> torch.Tensor:
@@ -493,98 +589,113 @@ def _state_chunk_of_block(kind: str, w: int, NT: int, BT: int, device) -> torch.
     return torch.div(lb.clamp(min=0), BT, rounding_mode="floor")
 
 
-def _forward(q, k, v, qf, kf, gate, kmask, kind, w, scale, cfg):
+def _forward(q, k, v, qf, kf, gate, lg, decayed, kmask, kind, w, scale, cfg):
     B, H, L, d = q.shape
     G = H // k.shape[1]
     NC = triton.cdiv(L, cfg[0])
-    consts = _consts(kind, kmask, q, qf, cfg)
-    S, z = _prefix_states(kf, v, kmask, G, NC, consts)
+    consts = _consts(kind, kmask, q, qf, decayed, cfg)
+    S, z = _prefix_states(*_chunk_states(kf, v, kmask, lg, G, NC, consts), lg, cfg[0])
     o = torch.empty(B, H, L, d, device=q.device, dtype=q.dtype)
     cmax = torch.empty(B, H, L, device=q.device, dtype=torch.float32)
     amax = torch.empty(B, H, L, device=q.device, dtype=torch.int32)
     den = torch.empty(B, H, L, device=q.device, dtype=torch.float32)
     hybrid_fwd_kernel[(B * H, NC)](
-        q, k, v, qf, kf, kmask if kmask is not None else q, gate, S, z, o, cmax, amax, den,
+        q, k, v, qf, kf, kmask if kmask is not None else q, gate, lg, S, z, o, cmax, amax, den,
         *_strides(q, k, v, qf, kf), L, H, G, NC, w, scale, **consts,
     )
     return o, cmax, amax, den
 
 
-def _backward(q, k, v, qf, kf, gate, kmask, o, cmax, amax, den, dy, delta, kind, w, scale, cfg):
+def _backward(q, k, v, qf, kf, gate, lg, decayed, kmask, o, cmax, amax, den, dy, delta, kind, w, scale, cfg):
+    """(dq, dk, dv, dqf, dkf, dc, dlg): dc the gradient of the window max per query (for the
+    mixing gate), dlg [H] that of log gamma (None without a decay)."""
     B, H, L, d = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
     Fd = qf.shape[-1]
     BT, BS = cfg[0], cfg[1]
     NC, NS = triton.cdiv(L, BT), triton.cdiv(L, BS)
-    consts = _consts(kind, kmask, q, qf, cfg)
+    consts = _consts(kind, kmask, q, qf, decayed, cfg)
     mask_arg = kmask if kmask is not None else q
-    S, z = _prefix_states(kf, v, kmask, G, NC, consts)
+    dS_inc, dz_inc = _chunk_states(kf, v, kmask, lg, G, NC, consts)
+    S, z = _prefix_states(dS_inc, dz_inc, lg, BT)
+    if not decayed:
+        del dS_inc, dz_inc
     dq = torch.empty(B, H, L, d, device=q.device, dtype=q.dtype)
     dqf = torch.empty(B, H, L, Fd, device=q.device, dtype=qf.dtype)
     dc = torch.empty(B, H, L, device=q.device, dtype=torch.float32)
     dSb = torch.empty(B * H, NC, Fd, d, device=q.device, dtype=torch.float32)
     dzb = torch.empty(B * H, NC, Fd, device=q.device, dtype=torch.float32)
+    dlg_q = torch.empty(B, H, L, device=q.device, dtype=torch.float32) if decayed else dc
     hybrid_bwd_dq_kernel[(B * H, NC)](
-        q, k, v, qf, kf, mask_arg, gate, S, z, dy, den, delta, cmax, amax,
-        dq, dqf, dc, dSb, dzb,
+        q, k, v, qf, kf, mask_arg, gate, lg, S, z, dy, den, delta, cmax, amax,
+        dq, dqf, dc, dSb, dzb, dlg_q,
         *_strides(q, k, v, qf, kf), L, H, G, NC, w, scale, **consts,
     )
     del S, z
     # prefix-state gradients: block i read the state of chunk c(i); the keys of chunk m are in
-    # every state c > m, so chunk m receives the sum over c > m (reverse exclusive cumsum)
+    # every state c > m, decayed by gamma^(BT (c - m - 1)) from chunk m's last key, so chunk m
+    # receives the decayed sum over c > m (a reverse exclusive scan)
     cidx = _state_chunk_of_block(kind, w, NC, BT, q.device)
     dS = torch.zeros_like(dSb).index_add_(1, cidx, dSb)
     dz = torch.zeros_like(dzb).index_add_(1, cidx, dzb)
     del dSb, dzb
-    dSr = torch.zeros_like(dS)
-    dzr = torch.zeros_like(dz)
-    if NC > 1:
-        dSr[:, :-1] = dS[:, 1:].flip(1).cumsum(1).flip(1)
-        dzr[:, :-1] = dz[:, 1:].flip(1).cumsum(1).flip(1)
+    dSr, dSa = _scan(dS, lg, BT, reverse=True, ages=True) if decayed else (_scan(dS, lg, BT, reverse=True), None)
+    dzr, dza = _scan(dz, lg, BT, reverse=True, ages=True) if decayed else (_scan(dz, lg, BT, reverse=True), None)
     del dS, dz
     dk = torch.empty(B, Hkv, L, d, device=q.device, dtype=k.dtype)
     dv = torch.empty(B, Hkv, L, d, device=q.device, dtype=v.dtype)
     dkf = torch.empty(B, H, L, Fd, device=q.device, dtype=kf.dtype)
+    dlg_k = torch.empty(B, H, NS, device=q.device, dtype=torch.float32) if decayed else dc
     hybrid_bwd_dkv_kernel[(B * Hkv, NS)](
-        q, k, v, qf, kf, mask_arg, gate, dy, den, delta, cmax, amax, dc, dSr, dzr,
-        dk, dv, dkf,
+        q, k, v, qf, kf, mask_arg, gate, lg, dy, den, delta, cmax, amax, dc, dSr, dzr,
+        dk, dv, dkf, dlg_k,
         *_strides(q, k, v, qf, kf), L, H, G, NC, w, scale, **consts,
     )
-    return dq, dk, dv, dqf, dkf, dc
+    dlg = None
+    if decayed:
+        # dL/dlog gamma = sum over history pairs of age A dP: the pairs inside a query block's key
+        # loop and the ages past the read state's last key (dq kernel), the keys' ages up to their
+        # chunk's last key (dkv kernel), and the ages between that and the read state (here)
+        between = (dSa * dS_inc).sum((1, 2, 3)) + (dza * dz_inc).sum((1, 2))
+        dlg = dlg_q.sum((0, 2)) + dlg_k.sum((0, 2)) + between.view(B, H).sum(0)
+    return dq, dk, dv, dqf, dkf, dc, dlg
 
 
-def _key(q, k, qf, kind):
-    return (kind, q.shape[-1], qf.shape[-1], q.dtype, qf.dtype, k.shape[1] == q.shape[1])
+def _key(q, k, qf, kind, decayed):
+    return (kind, q.shape[-1], qf.shape[-1], q.dtype, qf.dtype, k.shape[1] == q.shape[1], decayed)
 
 
 class HybridAttentionFunction(torch.autograd.Function):
     """Hybrid attention on rolled inputs with a [B, L] uint8 key mask (see :func:`hybrid_attention_triton`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, qf, kf, mix, kmask, kind, w, scale, cfg, fixed):
+    def forward(ctx, q, k, v, qf, kf, mix, decay, kmask, kind, w, scale, cfg, fixed):
         gate = torch.sigmoid(mix.detach().float()).contiguous()
+        decayed = decay is not None
+        lg = decay.detach().float().contiguous() if decayed else gate.new_zeros(gate.shape)
         o, cmax, amax, den = _with_fallback(
-            ("fwd",) + _key(q, k, qf, kind), cfg, fixed,
-            lambda c: _forward(q, k, v, qf, kf, gate, kmask, kind, w, scale, c),
+            ("fwd",) + _key(q, k, qf, kind, decayed), cfg, fixed,
+            lambda c: _forward(q, k, v, qf, kf, gate, lg, decayed, kmask, kind, w, scale, c),
         )
-        ctx.save_for_backward(q, k, v, qf, kf, mix, kmask, o, cmax, amax, den)
-        ctx.kind, ctx.w, ctx.scale, ctx.cfg, ctx.fixed = kind, w, scale, cfg, fixed
+        ctx.save_for_backward(q, k, v, qf, kf, mix, lg, kmask, o, cmax, amax, den)
+        ctx.kind, ctx.w, ctx.scale, ctx.cfg, ctx.fixed, ctx.decayed = kind, w, scale, cfg, fixed, decayed
         return o
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        q, k, v, qf, kf, mix, kmask, o, cmax, amax, den = ctx.saved_tensors
+        q, k, v, qf, kf, mix, lg, kmask, o, cmax, amax, den = ctx.saved_tensors
         kind = ctx.kind
         gate = torch.sigmoid(mix.detach().float()).contiguous()
         dy = dy.contiguous()
         ok = den > 0
         # delta_n = dy_n . y_n / den_n: the gradient through the joint normaliser (0 where den = 0)
         delta = torch.where(ok, (dy.float() * o.float()).sum(-1) / torch.where(ok, den, torch.ones_like(den)), 0.0)
-        dq, dk, dv, dqf, dkf, dc = _with_fallback(
-            ("bwd",) + _key(q, k, qf, kind), ctx.cfg, ctx.fixed,
-            lambda c: _backward(q, k, v, qf, kf, gate, kmask, o, cmax, amax, den, dy, delta, kind, ctx.w, ctx.scale, c),
+        dq, dk, dv, dqf, dkf, dc, dlg = _with_fallback(
+            ("bwd",) + _key(q, k, qf, kind, ctx.decayed), ctx.cfg, ctx.fixed,
+            lambda c: _backward(q, k, v, qf, kf, gate, lg, ctx.decayed, kmask, o, cmax, amax, den, dy, delta, kind,
+                                ctx.w, ctx.scale, c),
         )
         dmix = None
         if kind == "linear":  # q, k and mix do not enter the linear kind
@@ -592,7 +703,8 @@ class HybridAttentionFunction(torch.autograd.Function):
         elif ctx.needs_input_grad[5]:
             # dy/dg has the form of dy/dc: dL/dg = -sum_n dc_n / g, and dg/dmix = g (1 - g)
             dmix = ((1 - gate.view(1, -1, 1)) * -dc).sum((0, 2)).to(mix.dtype)
-        return dq, dk, dv, dqf, dkf, dmix, None, None, None, None, None, None
+        ddecay = dlg if ctx.needs_input_grad[6] else None
+        return dq, dk, dv, dqf, dkf, dmix, ddecay, None, None, None, None, None, None
 
 
 def hybrid_attention_triton(
@@ -607,6 +719,7 @@ def hybrid_attention_triton(
     attention_mask: torch.Tensor | None = None,
     scale: float | None = None,
     *,
+    decay: torch.Tensor | None = None,
     block_t: int | None = None,
     block_s: int | None = None,
     num_warps: int | None = None,
@@ -625,6 +738,7 @@ def hybrid_attention_triton(
         window_size: w. Default: ``64``.
         attention_mask: ``[B, L]``, 1 = token, 0 = padding. Default: ``None``.
         scale: score scale. Default: ``d ** -0.5``.
+        decay: ``[H]`` log gamma_h <= 0 of a decaying history (module docstring). Default: ``None``.
         block_t, block_s, num_warps: kernel tiling (query block / state chunk, key block, warps).
             Default: ``None`` (see :func:`block_config`; smaller tilings are tried when a GPU
             lacks the shared memory for the default one; an explicit tiling is used as given).
@@ -658,7 +772,7 @@ def hybrid_attention_triton(
     kmask = None if mask is None else mask.to(torch.uint8).contiguous()
     cfg = block_config(d, Fd, block_t, block_s, num_warps)
     fixed = block_t is not None or block_s is not None or num_warps is not None
-    y = HybridAttentionFunction.apply(q, k, v, qf, kf, mix, kmask, kind, int(window_size), scale, cfg, fixed)
+    y = HybridAttentionFunction.apply(q, k, v, qf, kf, mix, decay, kmask, kind, int(window_size), scale, cfg, fixed)
     return restore_rows(y, shift).to(out_dtype)
 
 

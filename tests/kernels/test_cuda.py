@@ -12,7 +12,7 @@ import torch
 from kernels import dispatch
 from kernels.hybrid.window import KINDS
 from tests.attention_inputs import make_inputs
-from tests.kernels.hybrid.decoding import check_decode_triton
+from tests.kernels.hybrid.decoding import check_decode_triton, sample_decay
 from tests.kernels.hybrid.prefill import check_chunk_triton
 from tests.kernels.utils import N_LAYERS, assert_close, converted_tiny
 
@@ -32,18 +32,21 @@ def _compiled_kernels(monkeypatch):
     dispatch.set_backend(None)
 
 
-def _auto_picks_triton(kind: str, tensors) -> None:
+def _auto_picks_triton(kind: str, tensors, decayed: bool = False) -> None:
     q, q_feat = tensors[0], tensors[3]
-    signature = (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype)
+    signature = (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype, decayed)
     assert dispatch.select_backend(q.device, "auto", signature) == "triton"  # the smoke test passed
 
 
+@pytest.mark.parametrize("decayed", [False, True], ids=["paper", "decay"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_prefill_and_backward_float32(kind):
-    """GQA, left padding of 0 / 7 / 70 tokens, three 64-row blocks: output and six gradients."""
+def test_prefill_and_backward_float32(kind, decayed):
+    """GQA, left padding of 0 / 7 / 70 tokens, three 64-row blocks: output and six gradients (and
+    log gamma's with a decaying history)."""
     tensors = make_inputs(3, 4, 2, 150, 16, 8, pads=(0, 7, 70), device="cuda")
-    _auto_picks_triton(kind, tensors)
-    check_chunk_triton(kind, 16, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5)
+    _auto_picks_triton(kind, tensors, decayed)
+    decay = sample_decay(4) if decayed else None
+    check_chunk_triton(kind, 16, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5, decay=decay)
 
 
 @pytest.mark.parametrize("kind", HALF_KINDS)

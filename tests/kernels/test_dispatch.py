@@ -46,15 +46,17 @@ def spy_on_backends(monkeypatch):
     return calls
 
 
-def test_env_switch_selects_the_backend(monkeypatch):
+@pytest.mark.parametrize("decayed", [False, True], ids=["paper", "decay"])
+def test_env_switch_selects_the_backend(monkeypatch, decayed):
     calls = spy_on_backends(monkeypatch)
     q, k, v, qf, kf, mix, mask = make_inputs(2, 2, 1, 30, 16, 8, pads=(0, 4), device=DEVICE)
+    decay = torch.tensor([0.7, 0.9], device=DEVICE).log() if decayed else None
     monkeypatch.setenv(dispatch.ENV_VAR, "torch")
-    y_torch = hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask)
+    y_torch = hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask, decay=decay)
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
-    y_triton = hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask)
+    y_triton = hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask, decay=decay)
     monkeypatch.setenv(dispatch.ENV_VAR, "auto")
-    hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask)
+    hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask, decay=decay)
     assert calls == ["torch", "triton", "triton" if DEVICE == "cuda" else "torch"]
     m = mask.bool()[:, None, :, None]
     assert_close("triton vs torch", torch.where(m, y_torch, 0), torch.where(m, y_triton, 0), 1e-5)
@@ -166,15 +168,15 @@ def test_smoke_test_runs_forward_and_backward(monkeypatch):
     """The one-off check auto mode runs on a CUDA device (here on the interpreter's CPU tensors)."""
     monkeypatch.setattr(dispatch, "_smoke", {})
     cpu = torch.device(DEVICE)
-    assert dispatch._smoke_test(cpu, ("terraced", 16, 8, torch.float32, torch.float32)) is None
-    assert dispatch._smoke_test(cpu, ("sliding_window", 16, 8, torch.bfloat16, torch.float32)) is None
+    assert dispatch._smoke_test(cpu, ("terraced", 16, 8, torch.float32, torch.float32, True)) is None
+    assert dispatch._smoke_test(cpu, ("sliding_window", 16, 8, torch.bfloat16, torch.float32, False)) is None
     chunk_triton, _ = dispatch.load_triton()
 
     def broken(*args, **kwargs):
         raise RuntimeError("ptxas fatal: unsupported target")
 
     monkeypatch.setattr(chunk_triton, "hybrid_attention_triton", broken)
-    problem = dispatch._smoke_test(cpu, ("linear", 16, 8, torch.float32, torch.float32))
+    problem = dispatch._smoke_test(cpu, ("linear", 16, 8, torch.float32, torch.float32, True))
     assert "compiling or running the kernels failed" in problem and "ptxas fatal" in problem
 
 

@@ -19,26 +19,29 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, ratio: float, 
     assert err <= ratio * base + atol, f"{name}: relative RMS error {err / max(base, 1e-300):.3e} > {ratio:.1e} (RMS error {err:.3e}, RMS of reference {base:.3e})"
 
 
-def forward_backward(fn, tensors, mask, dy, **kwargs):
-    """Output and gradients of (q, k, v, q_feat, k_feat, mix) for the cotangent dy (None -> zeros)."""
-    leaves = [t.detach().clone().requires_grad_() for t in tensors]
-    y = fn(*leaves, attention_mask=mask, **kwargs)
+def forward_backward(fn, tensors, mask, dy, decay=None, **kwargs):
+    """Output and gradients of (q, k, v, q_feat, k_feat, mix) for the cotangent dy (None -> zeros),
+    and of log gamma when a ``decay`` is given (passed as ``decay=``)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (*tensors, *([] if decay is None else [decay]))]
+    if decay is not None:
+        kwargs["decay"] = leaves[-1]
+    y = fn(*leaves[: len(tensors)], attention_mask=mask, **kwargs)
     (y.float() * dy.to(y.device)).sum().backward()
     grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in leaves]
     return y.detach(), grads
 
 
-GRAD_NAMES = ("dq", "dk", "dv", "dq_feat", "dk_feat", "dmix")
+GRAD_NAMES = ("dq", "dk", "dv", "dq_feat", "dk_feat", "dmix", "ddecay")
 
 
 def converted_tiny(kind: str, device: str | torch.device) -> torch.nn.Module:
     """The tiny random Llama with every layer converted to ``kind`` (window 8, random Hedgehog
-    features, random window mix, the length-normalised history: the Triton chunk kernels do not
-    implement the decaying one), the same weights on any ``device``."""
+    features, random window mix, a decaying history that fades within the tiny inputs), the same
+    weights on any ``device``."""
     torch.manual_seed(0)
     model = core.linearize(
         tiny_model("llama", seed=0),
-        core.AttentionSpec(kind=kind, window_size=8, feature_dim=8, feature_init="random", history_norm="power"),
+        core.AttentionSpec(kind=kind, window_size=8, feature_dim=8, feature_init="random", init_history_decay=0.8),
     )
     with torch.no_grad():
         for m in core.lolcats_modules(model).values():

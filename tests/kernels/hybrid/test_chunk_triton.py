@@ -13,6 +13,7 @@ from kernels.hybrid.naive import naive_hybrid_attention
 from kernels.hybrid.window import KINDS
 from tests.attention_inputs import make_inputs
 from tests.kernels.conftest import DEVICE
+from tests.kernels.hybrid.decoding import sample_decay
 from tests.kernels.hybrid.prefill import check_chunk_triton
 from tests.kernels.utils import assert_close
 
@@ -47,6 +48,17 @@ def test_head_dim_64_features_128(kind):
     """The recipe's per-head sizes: d = 64, Hedgehog f = 64 (F = 128), G = 3."""
     tensors = make_inputs(1, 3, 1, 40, 64, 64, pads=(3,), seed=5, device=DEVICE)
     check_chunk_triton(kind, 16, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5, against_torch=False)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("blocks", [(32, 16), (64, 64)], ids=["small-blocks", "default-blocks"])
+def test_decaying_history(kind, blocks):
+    """A decaying history (gamma_h from 0.6 to 1 across heads): output and all seven gradients, log
+    gamma's included, against the float64 oracle and the PyTorch form, with left padding, over
+    several state chunks (L = 150) and key blocks shorter than the chunks."""
+    tensors = make_inputs(2, 4, 2, 150, 16, 8, pads=(0, 37), seed=4, device=DEVICE)
+    check_chunk_triton(kind, 16, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5, decay=sample_decay(4),
+                       block_t=blocks[0], block_s=blocks[1])
 
 
 def test_head_dim_128_forward():
