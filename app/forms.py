@@ -20,7 +20,9 @@ from core.config import (
     validation_problems,
 )
 from core.config.constants import SOFTMAX_SCORES
-from core.models import ModelFitError, check_model_fit
+from core.data.preflight import DataSourceError
+from core.models import ModelFitError
+from core.pipeline.preflight import check_conversion
 
 RECIPE = "paper recipe (defaults)"
 MODEL_CHOICES = {
@@ -178,14 +180,14 @@ def build(preset: str, values: dict[str, Any]) -> tuple[dict[str, Any], list[tup
 
 def validate(config: dict[str, Any], workspace=None) -> tuple[ConvertConfig | None, list[tuple[str, str]]]:
     """The validated config, or None and every problem as ``(dotted field, message)``; a config
-    that does not fit its model (read from the model's config.json) is refused as the job queue
-    refuses it."""
+    that does not fit its model (read from the model's config.json) or whose data cannot be read
+    (its first rows) is refused as the job queue refuses it."""
     try:
         validated = ConvertConfig.model_validate(config)
     except ValidationError as exc:
         return None, validation_problems(exc)
     try:
-        check_model_fit(validated, workspace)
-    except ModelFitError as exc:
+        check_conversion(validated, workspace)
+    except (ModelFitError, DataSourceError) as exc:
         return None, [(exc.field, exc.problem)]
     return validated, []

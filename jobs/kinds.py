@@ -207,7 +207,7 @@ register_kind(JobKind(
     name="convert",
     config_model="core.config:ConvertConfig",
     run=run_convert_job,
-    check="core.models:check_model_fit",  # reads config.json only: no torch at submit
+    check="core.pipeline.preflight:check_conversion",  # config.json and the data's first rows: no torch at submit
     description="Linearize a model's attention: attention transfer, LoRA, evaluation (report.json).",
 ))
 

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import numpy as np
 
@@ -122,35 +122,29 @@ def _as_text(value) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def prepare_rows(raw, source: Any, format: Literal["auto", "instruction", "text"] = "auto",
-                 columns: dict[str, str] | None = None, text_field: str = "text") -> Rows:
-    """Rename fields, decide the format, check the needed fields exist, and drop empty rows.
+def _name(source: Any) -> str:
+    return source if isinstance(source, str) else "the dataset"
 
-    ``raw`` is what :func:`core.data.sources.load_raw` read from ``source`` (which names it in
-    messages and picks a bundled set's field mapping); ``columns`` renames more fields (source
-    field -> role, e.g. ``{"question": "instruction"}``); ``format="auto"`` decides from the fields.
-    """
-    name = source if isinstance(source, str) else "the dataset"
+
+def field_plan(present: Sequence[str], source: Any, format: Literal["auto", "instruction", "text"] = "auto",
+               columns: dict[str, str] | None = None, text_field: str = "text") -> tuple[str, dict[str, str]]:
+    """``(format, renames)`` for data whose rows have the fields ``present``: the format decided
+    (``"auto"``: from the fields, or a bundled set's own) and the field renames (source field ->
+    role: a bundled set's mapping, then ``columns``). Raises :class:`DataError` naming the fields
+    present when a renamed field is missing or the format's fields are absent (instruction:
+    ``instruction`` and ``output``, optional ``input``; text: ``text_field``)."""
+    name = _name(source)
     bundled = BUNDLED_DATASETS.get(bundled_name(source) or "")
     renames = dict(bundled.columns if bundled else {})
     renames.update(columns or {})
     fmt = format if format != "auto" else (bundled.format if bundled else "auto")
-
-    present = list(raw.column_names)
-    if len(raw) == 0:
-        raise DataError(f"dataset {name!r} is empty (0 rows); add rows or choose another dataset")
     missing = [src for src in renames if src not in present]
     if missing:
         raise DataError(
             f"dataset {name!r}: the columns mapping names field(s) {', '.join(map(repr, missing))} that "
             f"the data lacks; fields present: {', '.join(present)}"
         )
-    data = {role: raw[src] for src, role in renames.items()}  # renamed fields
-    for col in present:
-        if col not in renames and col not in data:
-            data[col] = None  # fetched lazily below if needed
-    fields = list(data)
-
+    fields = list(renames.values()) + [c for c in present if c not in renames and c not in renames.values()]
     mapping_hint = "map your fields with columns={'question': 'instruction', 'answer': 'output'}"
     if fmt == "auto":
         if "instruction" in fields and "output" in fields:
@@ -163,13 +157,6 @@ def prepare_rows(raw, source: Any, format: Literal["auto", "instruction", "text"
                 f"'output' (optional 'input'); text data needs the text field {text_field!r}. Fields "
                 f"present: {', '.join(fields)}. Set format, text_field, or {mapping_hint}"
             )
-
-    def column(role: str) -> list[str]:
-        values = data[role]
-        if values is None:
-            values = raw[role]
-        return [_as_text(v) for v in values]
-
     if fmt == "instruction":
         need = [f for f in ("instruction", "output") if f not in fields]
         if need:
@@ -177,21 +164,45 @@ def prepare_rows(raw, source: Any, format: Literal["auto", "instruction", "text"
                 f"dataset {name!r}: instruction data needs field(s) {', '.join(map(repr, need))}; fields "
                 f"present: {', '.join(fields)}; {mapping_hint}"
             )
-        cols = {"instruction": column("instruction"), "output": column("output")}
-        cols["input"] = column("input") if "input" in fields else [""] * len(cols["output"])
-        keep = [i for i, (a, b) in enumerate(zip(cols["instruction"], cols["output"])) if a.strip() and b.strip()]
-        why_empty = "an empty 'instruction' or 'output'"
     elif fmt == "text":
         if text_field not in fields:
             raise DataError(
                 f"dataset {name!r}: text data needs the text field {text_field!r}; fields present: "
                 f"{', '.join(fields)}; set text_field to the field holding the text"
             )
+    else:
+        raise DataError(f"format must be 'auto', 'instruction' or 'text', got {format!r}")
+    return fmt, renames
+
+
+def prepare_rows(raw, source: Any, format: Literal["auto", "instruction", "text"] = "auto",
+                 columns: dict[str, str] | None = None, text_field: str = "text") -> Rows:
+    """Rename fields, decide the format, check the needed fields exist (:func:`field_plan`), and
+    drop empty rows.
+
+    ``raw`` is what :func:`core.data.sources.load_raw` read from ``source`` (which names it in
+    messages and picks a bundled set's field mapping); ``columns`` renames more fields (source
+    field -> role, e.g. ``{"question": "instruction"}``); ``format="auto"`` decides from the fields.
+    """
+    name = _name(source)
+    if len(raw) == 0:
+        raise DataError(f"dataset {name!r} is empty (0 rows); add rows or choose another dataset")
+    fmt, renames = field_plan(list(raw.column_names), source, format, columns, text_field)
+    roles = {role: src for src, role in renames.items()}
+
+    def column(role: str) -> list[str]:
+        return [_as_text(v) for v in raw[roles.get(role, role)]]
+
+    if fmt == "instruction":
+        cols = {"instruction": column("instruction"), "output": column("output")}
+        has_input = "input" in roles or ("input" in raw.column_names and "input" not in renames)
+        cols["input"] = column("input") if has_input else [""] * len(cols["output"])
+        keep = [i for i, (a, b) in enumerate(zip(cols["instruction"], cols["output"])) if a.strip() and b.strip()]
+        why_empty = "an empty 'instruction' or 'output'"
+    else:
         cols = {"text": [t.rstrip() for t in column(text_field)]}  # EOS follows; drop trailing newlines
         keep = [i for i, t in enumerate(cols["text"]) if t.strip()]
         why_empty = f"an empty {text_field!r} field"
-    else:
-        raise DataError(f"format must be 'auto', 'instruction' or 'text', got {format!r}")
 
     total = len(raw)
     if not keep:

@@ -79,16 +79,21 @@ def held_out_source(eval_text: str) -> str:
     return "kjv-sample" if eval_text == "bundled" else eval_text
 
 
-def _load_local(path: Path, sample_by: str, cache_dir: str | None):
-    import datasets
-
+def file_builder(path: Path) -> str:
+    """The ``datasets`` builder that reads ``path`` (:data:`FILE_BUILDERS`); :class:`DataError` for another type."""
     suffix = path.suffix.lower()
-    builder = FILE_BUILDERS.get(suffix)
-    if builder is None:
+    if suffix not in FILE_BUILDERS:
         raise DataError(
             f"cannot read {path}: unknown file type {suffix or '(none)'}; use one of "
             f"{', '.join(sorted(FILE_BUILDERS))}"
         )
+    return FILE_BUILDERS[suffix]
+
+
+def _load_local(path: Path, sample_by: str, cache_dir: str | None):
+    import datasets
+
+    builder = file_builder(path)
     check_local_file(path)
     kwargs: dict[str, Any] = {}
     if builder == "text":
@@ -99,31 +104,62 @@ def _load_local(path: Path, sample_by: str, cache_dir: str | None):
         raise DataError(f"datasets could not read {path} ({type(exc).__name__}: {exc}); check the file's format") from exc
 
 
+HUB_ALTERNATIVES = "pass a local .jsonl/.json/.parquet/.txt file, or a bundled dataset (gsm8k-test, kjv-sample)"
+
+
+def _hub_unreachable(dataset_id: str) -> DataError:
+    return DataError(
+        f"cannot reach the Hugging Face Hub to load dataset {dataset_id!r} (no network); if it is in "
+        f"your local cache, set HF_HUB_OFFLINE=1 to read it from there, or {HUB_ALTERNATIVES}"
+    )
+
+
+def _hub_missing(dataset_id: str) -> DataError:
+    return DataError(
+        f"dataset {dataset_id!r} does not exist on the Hugging Face Hub (or it is private or gated: "
+        f"log in with hf auth login); check the id, or {HUB_ALTERNATIVES}"
+    )
+
+
+def check_hub_dataset(dataset_id: str) -> None:
+    """Refuse, without downloading it, a Hub dataset that cannot be loaded from here: the Hub out of
+    reach (and ``HF_HUB_OFFLINE`` not set), or no such dataset there. With ``HF_HUB_OFFLINE`` set it
+    passes (the local cache is read when the data is loaded)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from core.models import hub_offline, hub_reachable
+
+    if hub_offline():
+        return
+    if not hub_reachable():
+        raise _hub_unreachable(dataset_id)
+    try:
+        HfApi().dataset_info(dataset_id)
+    except RepositoryNotFoundError:
+        raise _hub_missing(dataset_id) from None
+    except OSError:  # the Hub answered badly or the connection dropped: loading will say more
+        return
+
+
 def _load_hub(dataset_id: str, subset: str | None, split: str, cache_dir: str | None):
     import datasets
     from datasets.exceptions import DatasetNotFoundError
 
     from core.models import hub_offline, hub_reachable
 
-    alternatives = "pass a local .jsonl/.json/.parquet/.txt file, or a bundled dataset (gsm8k-test, kjv-sample)"
     offline = hub_offline()
     if not offline and not hub_reachable():
-        raise DataError(
-            f"cannot reach the Hugging Face Hub to load dataset {dataset_id!r} (no network); if it is in "
-            f"your local cache, set HF_HUB_OFFLINE=1 to read it from there, or {alternatives}"
-        )
+        raise _hub_unreachable(dataset_id)
     try:
         return datasets.load_dataset(dataset_id, subset, split=split, cache_dir=cache_dir)
     except DatasetNotFoundError:
-        raise DataError(
-            f"dataset {dataset_id!r} does not exist on the Hugging Face Hub (or it is private or gated: "
-            f"log in with hf auth login); check the id, or {alternatives}"
-        ) from None
+        raise _hub_missing(dataset_id) from None
     except ConnectionError as exc:
         why = "HF_HUB_OFFLINE is set" if offline else str(exc)
         raise DataError(
             f"dataset {dataset_id!r} is not in the local cache and the Hub cannot be reached ({why}); "
-            f"download it once with network access, or {alternatives}"
+            f"download it once with network access, or {HUB_ALTERNATIVES}"
         ) from None
     except ValueError as exc:  # unknown split or configuration
         raise DataError(f"dataset {dataset_id!r}: {exc}; check split={split!r} and subset={subset!r}") from None
@@ -138,13 +174,52 @@ def _looks_like_file(source: str) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class Located:
+    """Where a data source string points: ``kind`` ``"bundled"`` (``name`` a bundled set), ``"file"``
+    (``path`` an existing file) or ``"hub"`` (``name`` a Hub dataset id)."""
+
+    kind: Literal["bundled", "file", "hub"]
+    name: str = ""
+    path: Path | None = None
+
+
+def locate(source: str, base: Path | None = None) -> Located:
+    """Classify ``source``: a bundled name, an existing file (a relative path read from ``base``,
+    default the working directory), or a Hub dataset id. Raises :class:`DataError` for a folder and
+    for a path-like string naming no file."""
+    bundled = bundled_name(source)
+    if bundled is not None:
+        return Located("bundled", bundled)
+    text = str(source).strip()
+    path = Path(text).expanduser()
+    if base is not None and not path.is_absolute():
+        path = base / path
+    if path.is_file():
+        return Located("file", path=path.resolve())
+    if path.is_dir():
+        raise DataError(f"{path} is a folder; pass one data file inside it (.jsonl, .json, .parquet, .csv or .txt)")
+    if _looks_like_file(text) or not re.match(r"^[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?$", text):
+        raise DataError(
+            f"dataset file {text!r} does not exist; check the path, or use a bundled dataset "
+            f"({', '.join(BUNDLED_DATASETS)}) or a Hugging Face Hub dataset id"
+        )
+    return Located("hub", text)
+
+
+def bundled_path(name: str) -> Path:
+    """The file of a bundled dataset (:data:`BUNDLED_DATASETS`)."""
+    return gsm8k_path() if name == "gsm8k-test" else kjv_sample_path()
+
+
 def load_raw(source: Any, *, split: str = "train", subset: str | None = None,
              sample_by: Literal["line", "paragraph", "document"] = "paragraph", cache_dir: str | None = None):
     """Read ``source`` into a ``datasets.Dataset`` (no renaming or filtering yet).
 
-    ``source``: a bundled name, a file path, a hub dataset id, or a ``datasets.Dataset`` /
-    ``DatasetDict``; ``split`` and ``subset`` pick a hub dataset's split and configuration,
-    ``sample_by`` how a text file becomes rows, ``cache_dir`` the datasets cache (default: its own).
+    ``source``: a bundled name, a file path, a hub dataset id (:func:`locate`), or a
+    ``datasets.Dataset`` / ``DatasetDict``; ``split`` and ``subset`` pick a hub dataset's split and
+    configuration, ``sample_by`` how a text file becomes rows, ``cache_dir`` the datasets cache
+    (default: its own).
     """
     import datasets
 
@@ -154,20 +229,7 @@ def load_raw(source: Any, *, split: str = "train", subset: str | None = None,
         if split not in source:
             raise DataError(f"the DatasetDict has no split {split!r}; splits: {', '.join(source)}")
         return source[split]
-    bundled = bundled_name(source)
-    if bundled == "gsm8k-test":
-        return _load_local(gsm8k_path(), sample_by, cache_dir)
-    if bundled == "kjv-sample":
-        return _load_local(kjv_sample_path(), sample_by, cache_dir)
-    text = str(source).strip()
-    path = Path(text).expanduser()
-    if path.is_file():
-        return _load_local(path.resolve(), sample_by, cache_dir)
-    if path.is_dir():
-        raise DataError(f"{path} is a folder; pass one data file inside it (.jsonl, .json, .parquet, .csv or .txt)")
-    if _looks_like_file(text) or not re.match(r"^[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?$", text):
-        raise DataError(
-            f"dataset file {text!r} does not exist; check the path, or use a bundled dataset "
-            f"({', '.join(BUNDLED_DATASETS)}) or a Hugging Face Hub dataset id"
-        )
-    return _load_hub(text, subset, split, cache_dir)
+    where = locate(source)
+    if where.kind == "hub":
+        return _load_hub(where.name, subset, split, cache_dir)
+    return _load_local(bundled_path(where.name) if where.kind == "bundled" else where.path, sample_by, cache_dir)

@@ -6,6 +6,8 @@ first, so each problem ends in one :class:`DataError` that names the file, the p
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 from pathlib import Path
 from typing import Iterator
@@ -34,8 +36,8 @@ def _iter_utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
             offset += len(raw)
 
 
-def _check_json_lines(path: Path) -> int:
-    rows = 0
+def _json_line_rows(path: Path) -> Iterator[dict]:
+    """The objects of a JSON-lines file, one per non-empty line; :class:`DataError` at the first bad line."""
     for number, line in _iter_utf8_lines(path):
         if not line.strip():
             continue
@@ -51,8 +53,57 @@ def _check_json_lines(path: Path) -> int:
                 f"line {number} of {path} is a JSON {type(value).__name__}, not an object; "
                 f"each line must be one object such as {{\"text\": ...}}"
             )
-        rows += 1
-    return rows
+        yield value
+
+
+def _check_json_lines(path: Path) -> int:
+    return sum(1 for _ in _json_line_rows(path))
+
+
+def _empty(path: Path) -> DataError:
+    return DataError(f"dataset file {path} is empty; add rows to it or choose another dataset")
+
+
+def peek_fields(path: Path, limit: int = 50) -> list[str]:
+    """The fields of the first ``limit`` rows of a local data file (the union of their keys in the
+    order first seen; ``["text"]`` for a text file), those rows checked as :func:`check_local_file`
+    checks the whole file (a ``.json`` document is read whole). :class:`DataError` when the file
+    has no row among them."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            meta = pq.ParquetFile(path)
+        except Exception as exc:  # pyarrow raises its own errors on a file that is not Parquet
+            raise DataError(f"{path} is not a readable Parquet file ({exc}); check the file") from None
+        if meta.metadata.num_rows == 0:
+            raise _empty(path)
+        return list(meta.schema_arrow.names)
+    if suffix == ".csv":
+        import csv
+
+        lines = (line for _, line in _iter_utf8_lines(path))
+        header = next(csv.reader(lines), None)
+        if not header or next(lines, None) is None:
+            raise _empty(path)
+        return header
+    if suffix in (".json", ".jsonl"):
+        value = None
+        if suffix == ".json":  # one document: read whole
+            check_local_file(path)
+            with contextlib.suppress(json.JSONDecodeError):  # else JSON lines under a .json name
+                value = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(value, (list, dict)):
+            rows = value[:limit] if isinstance(value, list) else [value]
+        else:
+            rows = list(itertools.islice(_json_line_rows(path), limit))
+        if not rows:
+            raise _empty(path)
+        return list(dict.fromkeys(key for row in rows for key in row))
+    if not any(line.strip() for _, line in _iter_utf8_lines(path)):
+        raise _empty(path)
+    return ["text"]
 
 
 def check_local_file(path: Path) -> None:
@@ -86,4 +137,4 @@ def check_local_file(path: Path) -> None:
     else:
         rows = sum(1 for _, line in _iter_utf8_lines(path) if line.strip())
     if rows == 0:
-        raise DataError(f"dataset file {path} is empty; add rows to it or choose another dataset")
+        raise _empty(path)

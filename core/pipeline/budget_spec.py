@@ -35,12 +35,14 @@ def budget_config(base: ConvertConfig, budget: int) -> ConvertConfig:
 
 
 def check_sweep_fit(config: BudgetSweepConfig, workspace: str | os.PathLike | None = None) -> None:
-    """:func:`core.models.check_model_fit` for the largest budget (reads the model's config only); a
-    budget the model cannot take is reported against ``budgets``."""
-    from core.models import ModelFitError, check_model_fit
+    """:func:`core.pipeline.preflight.check_conversion` for the largest budget (reads the model's
+    config and the data's first rows only); a budget the model cannot take is reported against
+    ``budgets``; any other problem is raised as the conversion's."""
+    from core.models import ModelFitError
+    from core.pipeline.preflight import check_conversion
 
     try:
-        check_model_fit(budget_config(config.base, config.budgets[-1]), workspace)
+        check_conversion(budget_config(config.base, config.budgets[-1]), workspace)
     except ModelFitError as exc:
         if exc.field != "attention.softmax_budget":
             raise

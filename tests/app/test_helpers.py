@@ -71,6 +71,9 @@ def test_form_edits_reach_the_config():
     ({"attention_kind": "linear", "sink_tokens": 2}, "attention", "sink_tokens need a softmax part"),
     ({"model_choice": "hub", "model_path": " "}, "model.source", "hub id"),
     ({"data_choice": "local", "data_path": ""}, "data.source", "file path"),
+    ({"data_choice": "local", "data_path": "/no/such/rows.jsonl"}, "data.source", "'/no/such/rows.jsonl' does not exist"),
+    ({"data_choice": "local", "data_path": "README.md", "data_format": "instruction"}, "data.source",
+     "instruction data needs field(s) 'instruction', 'output'; fields present: text"),
 ])
 def test_form_problems_name_the_field(changes, field, words):
     problems = _problems(**changes)

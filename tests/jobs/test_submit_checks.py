@@ -1,4 +1,5 @@
-"""A conversion that cannot run on its model is refused at submit, from the model's config.json alone."""
+"""A conversion that cannot run on its model or its data is refused at submit, from the model's
+config.json and the data's first rows alone."""
 
 from __future__ import annotations
 
@@ -46,6 +47,27 @@ def test_submit_refuses_a_config_that_does_not_fit_the_model(submit, ws, sets, w
     assert words in " ".join(result.output.split())
     assert len(result.output.strip().splitlines()) == 1
     assert api.list_jobs(workspace=ws) == []
+
+
+@pytest.mark.parametrize("sets, words", [
+    (["data.source=/no/such/rows.jsonl"], "data.source: dataset file '/no/such/rows.jsonl' does not exist"),
+    (["data.eval_text=held-out/missing.txt"], "data.eval_text: dataset file "),
+])
+def test_submit_refuses_data_that_cannot_be_read(submit, ws, sets, words):
+    result = submit(*sets)
+    assert result.exit_code == 1, result.output
+    assert words in " ".join(result.output.split())
+    assert api.list_jobs(workspace=ws) == []
+
+
+def test_submit_reads_a_relative_data_path_from_the_workspace(submit, ws):
+    (ws / "data").mkdir()
+    (ws / "data" / "rows.jsonl").write_text(json.dumps({"prompt": "2 + 2?", "answer": "4"}) + "\n", encoding="utf-8")
+    result = submit("data.source=data/rows.jsonl")
+    assert result.exit_code == 1 and "data.source:" in result.output and "'instruction', 'output'" in result.output
+    result = submit("data.source=data/rows.jsonl", "data.instruction_field=prompt", "data.output_field=answer")
+    assert result.exit_code == 0, result.output
+    assert api.list_jobs(workspace=ws)[0].config["data"]["source"] == "data/rows.jsonl"
 
 
 def test_submit_refuses_an_unsupported_architecture(submit, ws, tmp_path):
