@@ -24,7 +24,7 @@ from core.data import load_spec_data
 from core.io import atomic_write_json
 from core.models import check_seq_len, load_model
 from core.progress import NullProgress, ProgressCallback
-from core.train.checkpoint import load_checkpoint
+from core.train.checkpoint import has_checkpoint, load_checkpoint
 
 CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
@@ -106,7 +106,7 @@ def start_run(config: ConvertConfig, output: Path, *, resume: bool, workspace=No
 def stage_finished(output: Path, stage: str, steps: int) -> bool:
     """``<run>/<stage>`` trained all ``steps`` and holds its best checkpoint."""
     last = output / stage / "last"
-    return last.exists() and load_checkpoint(last)[1]["step"] >= steps and (output / stage / "best").exists()
+    return has_checkpoint(last) and load_checkpoint(last)[1]["step"] >= steps and has_checkpoint(output / stage / "best")
 
 
 def save_stage_summary(output: Path, stage: str, summary: dict) -> None:

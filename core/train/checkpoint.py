@@ -6,8 +6,10 @@ A checkpoint is a folder::
     optimizer.safetensors optimizer tensors (flattened), when a training state is saved
     state.json            step, stage, scheduler / optimizer scalars, RNG state, metrics, config
 
-Writes are atomic: the folder is written under a temporary name and renamed over the old one,
-so a crash or a full disk leaves the previous checkpoint valid.
+Writes are atomic: the folder is written under a temporary name, the old one is moved aside and
+the new one renamed into its place, so a crash or a full disk leaves the previous checkpoint valid;
+a process killed between the two renames leaves the previous one aside, which
+:func:`has_checkpoint` (what a resume asks) puts back.
 
 Checkpoints have one layout whatever the number of processes that trained: parameters and
 optimizer states sharded across processes (FSDP's ``DTensor``) are gathered whole when saved
@@ -18,6 +20,7 @@ local, every process reads the same file). A stage can so resume on another proc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -150,6 +153,23 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def has_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a checkpoint, once what a process killed inside :func:`save_checkpoint`
+    left is undone: the previous version, moved aside (``.<name>.old-*``) with no new one in its
+    place, is put back, and half-written ``.<name>.tmp-*`` folders are removed. Call it before any
+    write to ``path`` starts (as a resume does): another process's write in flight would be undone."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return False
+    aside = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
+    if aside and not path.exists():
+        with contextlib.suppress(FileNotFoundError):  # another process of the same run put it back
+            os.replace(aside.pop(), path)
+    for stale in aside + list(path.parent.glob(f".{path.name}.tmp-*")):
+        shutil.rmtree(stale, ignore_errors=True)
+    return path.exists()
 
 
 def refuse_pickle(path: Path) -> None:

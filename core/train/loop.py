@@ -25,8 +25,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from core.train.checkpoint import (load_checkpoint, load_optimizer_state, load_trainable, local, optimizer_state,
-                             restore_rng, save_checkpoint, trainable_state)
+from core.train.checkpoint import (has_checkpoint, load_checkpoint, load_optimizer_state, load_trainable, local,
+                                   optimizer_state, restore_rng, save_checkpoint, trainable_state)
 from core.io import is_oom
 from core.progress import ProgressCallback, StopRequested
 from core.train.parallel import Parallel
@@ -108,7 +108,7 @@ def run_loop(
         )
     mine = range(parallel.rank, spec.grad_accum, parallel.world_size)
     start, best_val = 0, math.inf
-    if last_dir.exists():
+    if has_checkpoint(last_dir):
         tensors, state = load_checkpoint(last_dir)
         load_trainable(model, tensors, f"{spec.stage} checkpoint {last_dir}")
         load_optimizer_state(opt, state["optimizer"])

@@ -28,6 +28,33 @@ def test_disk_full_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     assert sorted(p.name for p in target.parent.iterdir()) == ["last"]  # no temporary folders left
 
 
+def test_a_kill_between_the_renames_loses_no_checkpoint(tmp_path, monkeypatch):
+    """SIGKILL after the old checkpoint is moved aside and before the new one takes its place (no
+    cleanup runs): a resume finds the old one back and no half-written folder left."""
+    target = tmp_path / "stage2" / "last"
+    good = {"w": torch.arange(6.0).view(2, 3)}
+    ck.save_checkpoint(target, good, {"step": 3})
+    real_replace, calls = ck.os.replace, []
+
+    def killed_on_second_rename(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # stands for the kill: nothing after this line runs
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ck.os, "replace", killed_on_second_rename)
+    monkeypatch.setattr(ck.shutil, "rmtree", lambda *a, **k: None)  # a killed process cleans nothing up
+    with pytest.raises(KeyboardInterrupt):
+        ck.save_checkpoint(target, {"w": torch.zeros(2, 3)}, {"step": 4})
+    monkeypatch.undo()
+    assert not target.exists() and len(list(target.parent.iterdir())) == 2  # the old one aside, the new one unplaced
+    assert ck.has_checkpoint(target)
+    tensors, state = ck.load_checkpoint(target)
+    assert state["step"] == 3 and torch.equal(tensors["w"], good["w"])
+    assert sorted(p.name for p in target.parent.iterdir()) == ["last"]
+    assert not ck.has_checkpoint(tmp_path / "stage1" / "last")
+
+
 def test_optimizer_state_round_trip(tmp_path):
     p = torch.nn.Parameter(torch.randn(4))
     opt = torch.optim.AdamW([p], lr=0.1)
