@@ -126,13 +126,13 @@ def _ramp(t: float) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
+VISIBLE_WHITESPACE = str.maketrans({" ": "␣", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
 def token_labels(tokens: Sequence[str]) -> list[str]:
-    """Readable, unique axis labels (plotly merges equal category names): ``3 ␣the``."""
-    out = []
-    for i, tok in enumerate(tokens):
-        t = str(tok).replace("Ġ", "␣").replace("▁", "␣").replace("Ċ", "\\n").replace("\n", "\\n")
-        out.append(f"{i} {t}")
-    return out
+    """Readable, unique axis labels of decoded token texts (:func:`core.models.token_text.token_texts`):
+    the index first (plotly merges equal category names), spaces as ``␣``, newlines as ``\\n``: ``3 ␣the``."""
+    return [f"{i} {str(tok).translate(VISIBLE_WHITESPACE)}" for i, tok in enumerate(tokens)]
 
 
 def causal(matrix: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ def _maps(run_dir: str, stamp: float, prompt: str, layer: int) -> dict:
     import torch
 
     from core.attention.inspection import attention_maps
+    from core.models.token_text import token_texts
 
     job_model = common._load(run_dir, stamp, str(common.workspace()))
     tok = job_model.tokenizer
@@ -43,7 +44,7 @@ def _maps(run_dir: str, stamp: float, prompt: str, layer: int) -> dict:
     with job_model.lock, torch.no_grad():
         maps = attention_maps(job_model.model, ids, layer)
     return {"teacher": maps.teacher.float().numpy(), "student": maps.student.float().numpy(),
-            "converted": maps.converted, "tokens": tok.convert_ids_to_tokens(ids.tolist()), "truncated": truncated}
+            "converted": maps.converted, "tokens": token_texts(tok, ids.tolist()), "truncated": truncated}
 
 
 def _layers_info(job) -> tuple[int, list[int]]:

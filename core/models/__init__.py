@@ -7,7 +7,8 @@ Modules: :mod:`~core.models.sources` (classifying a source string, :class:`Model
 :mod:`~core.models.config_files` (``config.json`` and weight-file checks), :mod:`~core.models.gguf`
 (the bundled GGUF, materialising GGUF files), :mod:`~core.models.hub` (the Hugging Face Hub),
 :mod:`~core.models.tiny` (the tiny test model), :mod:`~core.models.loading` (:func:`load_model`),
-:mod:`~core.models.fit` (checking a conversion config against the model without loading it).
+:mod:`~core.models.fit` (checking a conversion config against the model without loading it),
+:mod:`~core.models.token_text` (what each token reads as, for per-token views).
 Names are imported on first use (PEP 562): only :mod:`~core.models.loading` imports torch.
 """
 
@@ -23,6 +24,7 @@ _EXPORTS = {
     ".tiny": ["tiny_model_config", "tiny_model_dir"],
     ".loading": ["DTYPES", "load_model", "resolve_device", "resolve_dtype"],
     ".fit": ["ModelFitError", "check_model_fit", "read_model_config"],
+    ".token_text": ["token_texts"],
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -67,6 +67,16 @@ def test_long_prompt_is_cut_with_a_notice(seeded_ws):
     assert len(_heatmaps(at)["data"][0]["x"]) == 256
 
 
+def test_axes_show_each_tokens_text(seeded_ws):
+    at = open_page("views/attention.py")
+    widget(at, "text_area", "attention_prompt").set_value("猫は🐈 sat on the mat").run()
+    assert not at.exception
+    # the bundled byte-level tokenizer splits 猫, は and 🐈 across tokens: those tokens show their bytes
+    assert _heatmaps(at)["data"][0]["x"] == ["0 <0xE7>", "1 <0x8C>", "2 <0xAB>", "3 <0xE3><0x81>", "4 <0xAF>",
+                                             "5 <0xF0><0x9F>", "6 <0x90>", "7 <0x88>", "8 ␣sat", "9 ␣on", "10 ␣the",
+                                             "11 ␣mat"]
+
+
 def test_short_prompt_explains_the_window(seeded_ws):
     at = open_page("views/attention.py")
     widget(at, "selectbox", "attention_conversion").set_value(seeded_ws.conversion).run()
