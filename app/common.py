@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
+from app.navigation import page
 from core.config import PRESET_DESCRIPTIONS, preset
 from core.workspace import workspace_root
 from jobs import api
@@ -26,21 +27,11 @@ from jobs.errors import JobsError
 from jobs.records import JobInfo, MetricPoint
 
 CONVERT = "convert"  # job kind of a conversion (core.pipeline.convert.run_convert)
+EXPORT = "export"  # job kind of an export (jobs.kinds.run_export_job)
 BENCHMARK = "benchmark"  # job kind of a throughput benchmark (core.bench.run_benchmark)
 DEMO_PRESET = "cpu-demo"  # the conversion the empty states offer to launch
 ACTIVE = ("queued", "running")
 REFRESH_S = 2.0  # auto-refresh period of live views
-
-PAGES = {  # page scripts, relative to app/streamlit_app.py
-    "launch": "views/launch.py",
-    "jobs": "views/jobs.py",
-    "layers": "views/layers.py",
-    "evaluation": "views/evaluation.py",
-    "budgets": "views/budgets.py",
-    "attention": "views/attention.py",
-    "throughput": "views/throughput.py",
-    "chat": "views/chat.py",
-}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -116,8 +107,14 @@ def queue_and_show(kind: str, config: dict, name: str, flash: Callable[[JobInfo]
         st.error(str(exc))
         return None
     st.session_state["flash"] = flash(job)
-    st.switch_page(PAGES["jobs"])
+    st.switch_page(page("jobs").script)
     return job
+
+
+def page_link(key: str, label: str) -> None:
+    """A link to page ``key`` of :data:`app.navigation.PAGES`, with that page's icon."""
+    target = page(key)
+    st.page_link(target.script, label=label, icon=target.icon)
 
 
 def show_flash() -> None:
@@ -133,7 +130,7 @@ def no_conversion_notice(what: str, key: str) -> None:
     if running:
         st.info(f"{what} needs a finished conversion. Job #{running[0].id} is {running[0].status}: this page "
                 "lists it as soon as it succeeds.")
-        st.page_link(PAGES["jobs"], label="Watch it on the Jobs page", icon=":material/list:")
+        page_link("jobs", "Watch it on the Jobs page")
         return
     st.info(f"{what} needs a finished conversion, and there is none yet. Launch one on the Launch page, or "
             "start the demo conversion now.")
@@ -141,7 +138,7 @@ def no_conversion_notice(what: str, key: str) -> None:
     with cols[0]:
         demo_button(key)
     with cols[1]:
-        st.page_link(PAGES["launch"], label="Configure a conversion", icon=":material/rocket_launch:")
+        page_link("launch", "Configure a conversion")
 
 
 def worker_hint(jobs: list[JobInfo]) -> None:

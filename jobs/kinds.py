@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo,
-                      field_validator)
+                      field_validator, model_validator)
 
 from core.config import PRESET_DESCRIPTIONS, LongContextSpec
 from core.config import PRESETS as CONVERT_PRESETS
@@ -284,26 +284,31 @@ class EvaluateConfig(BaseModel):
 EXPORT_CONFIG = "lolcats.json"  # an export's marker file (core.pipeline.runs.EXPORT_CONFIG, which imports torch)
 
 
-class EvaluateRefused(ValueError):
-    """An evaluate config that validates but cannot run: ``field`` names the field, ``problem`` says why."""
+class Refused(ValueError):
+    """A config that validates but cannot run (an evaluate or export job's): ``field`` names the
+    field, ``problem`` says why."""
 
     def __init__(self, field: str, problem: str):
         super().__init__(f"{field}: {problem}")
         self.field, self.problem = field, problem
 
 
+def _is_run(path: Path) -> bool:
+    """A conversion's run folder: its config.json and a stage checkpoint folder (file names only)."""
+    return (path / "config.json").is_file() and any((path / stage).is_dir() for stage in ("stage1", "stage2"))
+
+
 def check_evaluate(config: EvaluateConfig, workspace: Path | None) -> None:
     """Refuse at submit a config that asks for nothing, and a ``run`` that holds no converted model
     (reads file names only: no torch)."""
     if config.tasks is None and config.lengths is None:
-        raise EvaluateRefused("tasks", "nothing to evaluate: give tasks (offline, paper or lm-eval task names), "
-                                       "lengths (auto or token counts such as 256,1024,2048,4096), or both")
+        raise Refused("tasks", "nothing to evaluate: give tasks (offline, paper or lm-eval task names), "
+                      "lengths (auto or token counts such as 256,1024,2048,4096), or both")
     path = Path(workspace or Path.cwd()) / config.run
-    is_run = (path / "config.json").is_file() and any((path / stage).is_dir() for stage in ("stage1", "stage2"))
-    if not (is_run or (path / EXPORT_CONFIG).is_file()):
-        raise EvaluateRefused("run", f"{config.run!r} is not a converted run folder (config.json and stage "
-                                     f"checkpoints) or an export ({EXPORT_CONFIG}); give the run folder of a "
-                                     "finished conversion, e.g. runs/<job id>")
+    if not (_is_run(path) or (path / EXPORT_CONFIG).is_file()):
+        raise Refused("run", f"{config.run!r} is not a converted run folder (config.json and stage "
+                      f"checkpoints) or an export ({EXPORT_CONFIG}); give the run folder of a "
+                      "finished conversion, e.g. runs/<job id>")
 
 
 def run_evaluate_job(config: EvaluateConfig, run_dir: Path, progress) -> dict:
@@ -335,6 +340,84 @@ register_kind(JobKind(
     check=check_evaluate,
     description="Task accuracy (lm-evaluation-harness) and / or quality by context length of a converted model "
                 "and its teacher (report.json).",
+))
+
+
+class ExportConfig(BaseModel):
+    """The ``export`` kind's config: a standalone folder (LoRA merged) of a conversion's run folder,
+    optionally uploaded to the Hugging Face Hub with the token the environment holds."""
+
+    model_config = ConfigDict(extra="forbid")
+    run: WorkspacePath  # a conversion's run folder (a conversion job's is runs/<id>), in the workspace
+    output: WorkspacePath | None = None  # the export's folder (None: set to exports/<the run folder's name>)
+    push_to_hub: str | None = Field(None, pattern=r"^[\w.\-]+/[\w.\-]+$")  # org/name, or None: no upload
+    private: bool = False  # with push_to_hub: create the Hub repository as private
+
+    @model_validator(mode="after")
+    def _default_output(self):
+        if self.output is None:
+            self.output = f"exports/{Path(self.run).name}"
+        return self
+
+
+def check_export(config: ExportConfig, workspace: Path | None) -> None:
+    """Refuse at submit a ``run`` that is not a conversion's run folder, an ``output`` that holds
+    something other than an export (it is replaced), and an upload without a Hub token in the
+    environment (``HF_TOKEN`` or a saved login: a token is never part of a job's config)."""
+    root = Path(workspace or Path.cwd())
+    if not _is_run(root / config.run):
+        raise Refused("run", f"{config.run!r} is not a converted run folder (config.json and stage "
+                      "checkpoints); give the run folder of a finished conversion, e.g. runs/<job id>")
+    out = root / config.output
+    if out.exists() and not (out / EXPORT_CONFIG).is_file() and (not out.is_dir() or any(out.iterdir())):
+        raise Refused("output", f"{config.output!r} exists and is not an export; choose another folder "
+                      "(an earlier export there is replaced)")
+    if config.push_to_hub:
+        from huggingface_hub import get_token
+
+        if not get_token():
+            raise Refused("push_to_hub", "no Hugging Face token in this environment: set HF_TOKEN for the "
+                          "worker (or run `hf auth login` as its user), or leave push_to_hub empty")
+
+
+def run_export_job(config: ExportConfig, run_dir: Path, progress) -> dict:
+    """The ``export`` kind: the folder written beside (``.partial``) and then swapped in, so a killed
+    job leaves the earlier export whole and a resumed one writes it again; the report gives the
+    folder, its files and size, the model card and the snippet that loads it."""
+    import shutil
+
+    from core.pipeline.runs import CARD_FILE, export, push_to_hub  # torch loads here, in the job process only
+
+    out = Path.cwd() / config.output
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    export(Path.cwd() / config.run, partial, workspace=Path.cwd())
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    return {
+        "folder": config.output,
+        "files": {str(p.relative_to(out)): p.stat().st_size for p in files},
+        "bytes": sum(p.stat().st_size for p in files),
+        "card": (out / CARD_FILE).read_text(encoding="utf-8"),
+        "load": load_snippet(str(out)),
+        "pushed": push_to_hub(out, config.push_to_hub, private=config.private) if config.push_to_hub else None,
+    }
+
+
+def load_snippet(folder: str) -> str:
+    """Python that loads an export with plain transformers (its modeling code travels in the folder)."""
+    return (f"from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            f"model = AutoModelForCausalLM.from_pretrained({folder!r}, trust_remote_code=True)\n"
+            f"tokenizer = AutoTokenizer.from_pretrained({folder!r})")
+
+
+register_kind(JobKind(
+    name="export",
+    config_model=ExportConfig,
+    run=run_export_job,
+    check=check_export,
+    description="A standalone model folder (LoRA merged) that plain transformers loads, optionally pushed to the Hub.",
 ))
 
 

@@ -55,8 +55,18 @@ def _select(jobs: list[JobInfo]) -> JobInfo:
     return by_id[job_id]
 
 
+def _export(job: JobInfo) -> None:
+    """Queue an ``export`` job of a finished conversion (into exports/<its run folder's name>)."""
+    run = job.run_dir.relative_to(common.workspace()).as_posix()
+    try:
+        info = api.submit_job("export", {"run": run}, **common.ws())
+        st.toast(f"Export of job #{job.id} queued as job #{info.id}, into {info.config['output']}")
+    except JobsError as exc:
+        st.error(str(exc))
+
+
 def _actions(job: JobInfo) -> None:
-    c1, c2, _ = st.columns([1, 1, 4])
+    c1, c2, c3, _ = st.columns([1, 1, 1, 3])
     can_cancel = job.status in common.ACTIVE and not job.cancel_requested
     if c1.button("Cancel", key=f"cancel_{job.id}", disabled=not can_cancel, icon=":material/stop_circle:",
                  help="A queued job is cancelled at once; a running one stops at its next step (checkpoint kept)."):
@@ -73,6 +83,10 @@ def _actions(job: JobInfo) -> None:
             st.toast(f"Job #{job.id} queued again (attempt {info.attempt})")
         except JobsError as exc:
             st.error(str(exc))
+    can_export = job.kind == common.CONVERT and job.status == "succeeded" and job.run_dir is not None
+    if c3.button("Export", key=f"export_{job.id}", disabled=not can_export, icon=":material/output:",
+                 help="Queue an export job: a standalone folder (LoRA merged) that plain transformers loads."):
+        _export(job)
 
 
 def _details(job: JobInfo) -> None:
@@ -149,7 +163,21 @@ def _headline(job: JobInfo, result: dict) -> None:
         st.warning(f"Long context: {worse}.", icon=":material/warning:")
 
 
+def _export_result(result: dict) -> None:
+    """An export job's folder, size and files, the snippet that loads it, and its model card."""
+    st.markdown(f"**Folder** `{result['folder']}` · {common.fmt_bytes(result['bytes'])} in {len(result['files'])} files"
+                + (f" · pushed: {result['pushed']}" if result.get("pushed") else ""))
+    st.code(result["load"], language="python")
+    with st.expander("Model card (README.md)", expanded=True):
+        st.markdown(result["card"])
+    with st.expander("Files"):
+        st.dataframe(pd.DataFrame({"file": list(result["files"]),
+                                   "size": [common.fmt_bytes(n) for n in result["files"].values()]}), hide_index=True)
+
+
 def _result(job: JobInfo, result: dict) -> None:
+    if job.kind == common.EXPORT:
+        _export_result(result)
     if job.kind == common.CONVERT:
         for sample in (result.get("samples") or [])[:3]:
             with st.expander(f"Sample: {str(sample.get('prompt', ''))[:80]}"):
@@ -179,7 +207,7 @@ def live() -> None:
         with c1:
             common.demo_button("jobs_demo")
         with c2:
-            st.page_link(common.PAGES["launch"], label="Configure a conversion", icon=":material/rocket_launch:")
+            common.page_link("launch", "Configure a conversion")
         return
     common.worker_hint(jobs)
     st.dataframe(

@@ -210,7 +210,7 @@ def _panel(config: dict | None, problems: list[tuple[str, str]]) -> None:
         last = st.session_state.get("launch_last_job")
         if last is not None:
             st.success(f"Queued job #{last}.", icon=":material/schedule:")
-            st.page_link(common.PAGES["jobs"], label="Watch it on the Jobs page", icon=":material/list:")
+            common.page_link("jobs", "Watch it on the Jobs page")
         common.worker_hint(common.list_jobs(status=common.ACTIVE))
         if config is not None:
             with st.expander("Full config (what the job stores)"):

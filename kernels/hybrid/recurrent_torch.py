@@ -29,8 +29,8 @@ from typing import Callable
 
 import torch
 
-from kernels.hybrid import compiled
 from kernels.hybrid.chunk_torch import augment_values
+from kernels.hybrid.compiled import maybe_compile
 from kernels.hybrid.decay import advance, fold_ages
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 from kernels.hybrid.window import window_capacity, window_start
@@ -187,7 +187,7 @@ def decode_step_torch(
     sink, win_k, win_v, win_valid = step_window(state, kind, w, k, v, pos, valid)
 
     windowed = kind != "linear"
-    y = compiled.readout(q_feat, q, S, z, win_k if windowed else None, win_v if windowed else None, win_valid, mix, scale)
+    y = compiled_readout(q_feat, q, S, z, win_k if windowed else None, win_v if windowed else None, win_valid, mix, scale)
     return y, dataclasses.replace(state.stepped(S, z, first), **sink_fields(sink))
 
 
@@ -241,3 +241,6 @@ def readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale: float) -> torc
         den = den + p.sum(-1).view(B, H)
     y = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
     return y[:, :, None].to(q.dtype)
+
+
+compiled_readout = maybe_compile(readout)  # what a decode step runs: compiled when LOLCATS_COMPILE=1

@@ -56,6 +56,34 @@ def test_succeeded_conversion_shows_its_report(seeded_ws):
     assert "succeeded" in log and "teacher held-out perplexity" in log  # the job's own log lines
 
 
+def test_export_queues_an_export_job_of_a_finished_conversion(fresh_ws):
+    done = finished_job(fresh_ws, "convert", {"data": {"seq_len": 64}}, "done", None)
+    at = open_page("views/jobs.py")
+    widget(at, "selectbox", "jobs_selected").set_value(done).run()
+    button(at, f"export_{done}").click().run()
+    assert not at.exception and not at.error
+    jobs = api.list_jobs(workspace=fresh_ws)
+    assert [(j.kind, j.config["run"], j.config["output"]) for j in jobs if j.id != done] == [
+        ("export", f"runs/{done}", f"exports/{done}")]
+    export = max(j.id for j in jobs)
+    at = open_page("views/jobs.py")
+    widget(at, "selectbox", "jobs_selected").set_value(export).run()
+    assert button(at, f"export_{export}").disabled  # an export job is not a conversion
+
+
+def test_an_export_job_shows_its_folder_size_snippet_and_card(fresh_ws):
+    report = {"folder": "exports/7", "files": {"model.safetensors": 3 * 2**20, "README.md": 2048},
+              "bytes": 3 * 2**20 + 2048, "card": "# tiny-test, linearized\n\nA card line.",
+              "load": "model = AutoModelForCausalLM.from_pretrained('/ws/exports/7', trust_remote_code=True)",
+              "pushed": None}
+    job = finished_job(fresh_ws, "export", {"run": "runs/7", "output": "exports/7"}, "export", report)
+    at = open_page("views/jobs.py")
+    widget(at, "selectbox", "jobs_selected").set_value(job).run()
+    shown = texts(at)
+    assert "exports/7" in shown and "3.0 MiB in 2 files" in shown and "A card line." in shown
+    assert report["load"] in [c.value for c in at.code]
+
+
 def test_succeeded_conversion_has_its_figures_on_top_and_no_error_tab(seeded_ws):
     at = open_page("views/jobs.py")
     widget(at, "selectbox", "jobs_selected").set_value(seeded_ws.conversion).run()

@@ -5,17 +5,21 @@ import logging
 import pytest
 import torch
 
-from kernels.hybrid import compiled
+from kernels.hybrid import compiled, recurrent_torch
 from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state, readout
 from tests.kernels.hybrid.decoding import assert_matches_naive, decode_case
 
 
 @pytest.fixture
 def fresh(monkeypatch):
-    """A process state where nothing was compiled or given up yet, compilation requested."""
-    monkeypatch.setattr(compiled, "_compiled", None)
+    """A process state where nothing was compiled or given up yet, compilation requested; returns
+    the functions ``torch.compile`` is asked to compile from then on."""
+    monkeypatch.setattr(recurrent_torch, "compiled_readout", compiled.maybe_compile(readout))
     monkeypatch.setattr(compiled, "_failure", None)
     monkeypatch.setenv(compiled.ENV_VAR, "1")
+    asked, compile_ = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: asked.append(fn) or compile_(fn, **kwargs))
+    return asked
 
 
 def readout_args(B=2, H=4, Hkv=2, d=16, F=8, K=8):
@@ -35,10 +39,10 @@ def test_compiled_readout_equals_the_eager_one_across_steps(fresh):
     for t in range(6):
         y, state = decode_step_torch(state, *case.step_args(t))
         ys.append(y)
-    assert compiled.failure() is None and compiled._compiled is not None
+    assert compiled.failure() is None and fresh == [readout]  # compiled once, reused by every step
     assert_matches_naive(case, ys, 1e-5)
     args = readout_args()
-    torch.testing.assert_close(compiled.readout(*args), readout(*args), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(recurrent_torch.compiled_readout(*args), readout(*args), rtol=1e-6, atol=1e-6)
 
 
 def test_a_failing_compiler_falls_back_once_with_equal_outputs(fresh, monkeypatch, caplog):
@@ -48,7 +52,7 @@ def test_a_failing_compiler_falls_back_once_with_equal_outputs(fresh, monkeypatc
     monkeypatch.setattr(torch, "compile", broken)
     args = readout_args()
     with caplog.at_level(logging.WARNING, logger=compiled.__name__):
-        first, second = compiled.readout(*args), compiled.readout(*args)
+        first, second = recurrent_torch.compiled_readout(*args), recurrent_torch.compiled_readout(*args)
     assert compiled.failure() == "RuntimeError: InductorError: no working C++ compiler found"
     assert not compiled.enabled()
     assert len([r for r in caplog.records if "torch.compile" in r.getMessage()]) == 1  # logged once
