@@ -111,6 +111,16 @@ def queue_and_show(kind: str, config: dict, name: str, flash: Callable[[JobInfo]
     return job
 
 
+LAUNCH_FROM = "launch_from"  # a config the Launch page opens with: {"label": ..., "config": ...}
+
+
+def open_in_launch(label: str, config: dict) -> None:
+    """Go to the Launch page with its form filled from ``config`` (``label`` says where it came
+    from); the fields outside the form keep ``config``'s values."""
+    st.session_state[LAUNCH_FROM] = {"label": label, "config": config}
+    st.switch_page(page("launch").script)
+
+
 def page_link(key: str, label: str) -> None:
     """A link to page ``key`` of :data:`app.navigation.PAGES`, with that page's icon."""
     target = page(key)
@@ -173,6 +183,11 @@ def fmt_duration(seconds: float | None) -> str:
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h {m:02d}m" if h else (f"{m}m {s:02d}s" if m else f"{s}s")
+
+
+def sample_text(text: str | None) -> str:
+    """A generated sample as shown: ``(empty)`` when it holds nothing but whitespace."""
+    return text if text and text.strip() else "(empty)"
 
 
 def fmt_bytes(n: float | None) -> str:

@@ -15,8 +15,11 @@ from core.config import (
     BUNDLED_MODEL,
     PRESETS,
     TINY_MODEL,
+    ConfigError,
     ConvertConfig,
+    config_fields,
     deep_merge,
+    parse_yaml_mapping,
     validation_problems,
 )
 from core.config.constants import SOFTMAX_SCORES
@@ -137,8 +140,10 @@ def _softmax_fields(values: dict[str, Any], problems: list[tuple[str, str]]) -> 
             "softmax_score": values.get("softmax_score", SOFTMAX_SCORES[0])}
 
 
-def build(preset: str, values: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """Merge the form ``values`` into the preset; returns ``(config dict, parse problems)``."""
+def build(preset: str, values: dict[str, Any], base: dict[str, Any] | None = None
+          ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Merge the form ``values`` into the preset, or into ``base`` (a whole config: a job's, or one
+    loaded from YAML, whose fields outside the form it keeps); returns ``(config dict, parse problems)``."""
     problems: list[tuple[str, str]] = []
     choice = values["model_choice"]
     if choice == "bundled":
@@ -175,7 +180,18 @@ def build(preset: str, values: dict[str, Any]) -> tuple[dict[str, Any], list[tup
         lr = _float(values[f"{stage}_lr"], f"{stage}.lr", problems)
         if lr is not None:
             form[stage]["lr"] = lr
-    return deep_merge(preset_config(preset), form), problems
+    return deep_merge(base if base is not None else preset_config(preset), form), problems
+
+
+def from_yaml(raw: bytes | str, what: str, workspace=None) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+    """A config from YAML text (``preset:`` and any fields over it, as ``lolcats convert`` reads a
+    file): the validated config dict, or None and its problems as :func:`validate` gives them."""
+    try:
+        fields = config_fields(parse_yaml_mapping(raw, what), what)
+    except ConfigError as exc:
+        return None, [("config", str(exc))]
+    validated, problems = validate(fields, workspace)
+    return (validated.model_dump() if validated is not None else None), problems
 
 
 def validate(config: dict[str, Any], workspace=None) -> tuple[ConvertConfig | None, list[tuple[str, str]]]:

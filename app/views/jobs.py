@@ -1,6 +1,7 @@
 """Jobs: every job with its live state (from the database, so a reload or a second browser shows the
-same thing), cancel and resume, logs, the headline figures of a finished conversion, and the error
-that ended a job (its tab only when there is one)."""
+same thing), cancel and resume, export, a new conversion from a job's config (edit and relaunch for
+a failed one), logs, the headline figures of a finished conversion, the config as YAML, and the
+error that ended a job (its tab only when there is one)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 
 import pandas as pd
 import streamlit as st
+import yaml
 
 from app import common
 from core.config import PRESET_DESCRIPTIONS
@@ -66,7 +68,7 @@ def _export(job: JobInfo) -> None:
 
 
 def _actions(job: JobInfo) -> None:
-    c1, c2, c3, _ = st.columns([1, 1, 1, 3])
+    c1, c2, c3, c4, _ = st.columns([1, 1, 1, 2, 1])
     can_cancel = job.status in common.ACTIVE and not job.cancel_requested
     if c1.button("Cancel", key=f"cancel_{job.id}", disabled=not can_cancel, icon=":material/stop_circle:",
                  help="A queued job is cancelled at once; a running one stops at its next step (checkpoint kept)."):
@@ -87,6 +89,11 @@ def _actions(job: JobInfo) -> None:
     if c3.button("Export", key=f"export_{job.id}", disabled=not can_export, icon=":material/output:",
                  help="Queue an export job: a standalone folder (LoRA merged) that plain transformers loads."):
         _export(job)
+    if job.kind == common.CONVERT:
+        failed = job.status in ("failed", "cancelled", "interrupted")
+        if c4.button("Edit and relaunch" if failed else "New conversion from this job", key=f"relaunch_{job.id}",
+                     icon=":material/edit:", help="Open the Launch page with this job's config in the form."):
+            common.open_in_launch(f"job #{job.id}{' ' + job.name if job.name else ''}", job.config)
 
 
 def _details(job: JobInfo) -> None:
@@ -133,6 +140,8 @@ def _details(job: JobInfo) -> None:
         else:
             _result(job, result)
     with tabs["Config"]:
+        st.download_button("Download (YAML)", yaml.safe_dump(job.config, sort_keys=False), key=f"config_{job.id}",
+                           file_name=f"job-{job.id}.yaml", mime="application/x-yaml", icon=":material/download:")
         st.code(json.dumps(job.config, indent=2), language="json")
     with tabs["Info"]:
         st.json(meta)
@@ -183,9 +192,9 @@ def _result(job: JobInfo, result: dict) -> None:
             with st.expander(f"Sample: {str(sample.get('prompt', ''))[:80]}"):
                 c1, c2 = st.columns(2)
                 c1.markdown("**Teacher**")
-                c1.text(sample.get("teacher", ""))
+                c1.text(common.sample_text(sample.get("teacher")))
                 c2.markdown("**Student**")
-                c2.text(sample.get("student", ""))
+                c2.text(common.sample_text(sample.get("student")))
     with st.expander("Full report"):
         st.json({k: v for k, v in result.items() if k != "config"}, expanded=False)
 

@@ -1,8 +1,11 @@
 """Launch: configure a conversion (model, data, attention, stage budgets, presets) and queue it.
 
-The config is validated on every change; each problem is shown under its section and in the
-check panel, and the launch button stays disabled until there is none. Nothing runs here: the
-job goes to the queue and a worker runs it.
+The form starts from a preset, from a YAML config (uploaded or pasted, read as ``lolcats convert``
+reads a file) or from an earlier job's config (the Jobs page's "New conversion from this job");
+with a YAML config or a job's, the fields outside the form keep its values. The config is
+validated on every change; each problem is shown under its section and in the check panel, and
+the launch button stays disabled until there is none; a valid config can be downloaded as YAML.
+Nothing runs here: the job goes to the queue and a worker runs it.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 
 import streamlit as st
+import yaml
 
 from app import common, forms
 from core.config import FEATURE_MAPS, KINDS, PRESET_DESCRIPTIONS
@@ -19,6 +23,8 @@ from jobs.errors import JobsError
 
 P = "launch_"  # widget key prefix
 _SAVED = "launch_saved_values"  # survives page switches (Streamlit drops widget state of hidden pages)
+_BASE = "launchbase"  # {"label", "config"}: the whole config the form edits, instead of the preset's
+Y = "launchyaml_"  # keys of widgets not saved with the form (an upload or a button cannot be restored)
 
 
 def _default_preset() -> str:
@@ -32,10 +38,30 @@ def _default_preset() -> str:
     return common.DEMO_PRESET
 
 
-def _apply_preset() -> None:
-    name = st.session_state[P + "preset"]
-    for key, value in forms.form_values(forms.preset_config(name)).items():
+def _show(config: dict) -> None:
+    for key, value in forms.form_values(config).items():
         st.session_state[P + key] = value
+
+
+def _apply_preset() -> None:
+    st.session_state.pop(_BASE, None)
+    _show(forms.preset_config(st.session_state[P + "preset"]))
+
+
+def _use_base(label: str, config: dict) -> None:
+    st.session_state[_BASE] = {"label": label, "config": config}
+    _show(config)
+
+
+def _load_yaml() -> None:
+    """The Load button: the uploaded file, else the pasted text, becomes the form's base config."""
+    upload = st.session_state.get(Y + "file")
+    raw, what = (upload.getvalue(), f"the uploaded file {upload.name}") if upload is not None else (
+        st.session_state.get(Y + "text", ""), "the pasted config")
+    config, problems = forms.from_yaml(raw, what, common.workspace())
+    st.session_state[Y + "problems"] = problems
+    if config is not None:
+        _use_base(what.removeprefix("the "), config)
 
 
 def _init_state() -> None:
@@ -47,6 +73,9 @@ def _init_state() -> None:
         else:
             st.session_state[P + "preset"] = _default_preset()
             _apply_preset()
+    opened = st.session_state.pop(common.LAUNCH_FROM, None)
+    if opened is not None:
+        _use_base(opened["label"], opened["config"])
     # The auto widgets are drawn only with softmax_layers auto, and Streamlit drops the value of a
     # widget not drawn in a run; assigning the value to itself keeps it while the widget is hidden.
     for key, default in (("softmax_budget", forms.DEFAULT_BUDGET), ("softmax_score", SOFTMAX_SCORES[0])):
@@ -55,7 +84,8 @@ def _init_state() -> None:
 
 def _save_state() -> None:
     st.session_state[_SAVED] = {k: v for k, v in st.session_state.items()
-                                if isinstance(k, str) and k.startswith(P) and not k.startswith(P + "submit")}
+                                if isinstance(k, str) and k.startswith(P) and not k.startswith(P + "submit")
+                                and k != _SAVED}
 
 
 def _problems_for(section: str, problems: list[tuple[str, str]]) -> None:
@@ -86,11 +116,30 @@ def _stage_budget(stage: str, title: str, lr_help: str, problems, lora_rank: boo
     _problems_for(stage, problems)
 
 
+def _yaml_loader() -> None:
+    """Upload or paste a YAML config (``preset:`` and fields over it) to start the form from."""
+    with st.expander("Start from a YAML config", icon=":material/upload_file:"):
+        st.file_uploader("YAML file", type=["yaml", "yml"], key=Y + "file")
+        st.text_area("or paste it", key=Y + "text", height=120, placeholder="preset: cpu-demo\nattention:\n  window_size: 32")
+        st.button("Load", key=Y + "load", on_click=_load_yaml, icon=":material/input:")
+        for field, message in st.session_state.get(Y + "problems", []):
+            st.error(f"**{field}**: {message}", icon=":material/error:")
+
+
+def _base_notice() -> None:
+    base = st.session_state.get(_BASE)
+    if base is not None:
+        st.info(f"Based on **{base['label']}**: the fields outside this form keep its values.", icon=":material/info:")
+        st.button("Back to the preset", key=Y + "base_clear", on_click=_apply_preset)
+
+
 def _form(problems) -> None:
     described = {**PRESET_DESCRIPTIONS, forms.RECIPE: "the paper's Llama 3 8B recipe values"}
     st.selectbox("Preset", forms.preset_names(), key=P + "preset", on_change=_apply_preset,
                  help="Fills every field below; edit any of them afterwards. "
                       + "; ".join(f"{name}: {line}" for name, line in described.items()) + ".")
+    _base_notice()
+    _yaml_loader()
 
     st.subheader("Model")
     _source("Teacher model", forms.MODEL_CHOICES, "model", {
@@ -162,8 +211,9 @@ def main() -> None:
 
 
 def _check(values: dict):
+    base = st.session_state.get(_BASE)
     try:
-        config, problems = forms.build(values["preset"], values)
+        config, problems = forms.build(values["preset"], values, base["config"] if base else None)
     except (KeyError, TypeError, ValueError) as exc:
         return None, [("form", str(exc))]
     validated, config_problems = forms.validate(config, common.workspace())
@@ -213,6 +263,10 @@ def _panel(config: dict | None, problems: list[tuple[str, str]]) -> None:
             common.page_link("jobs", "Watch it on the Jobs page")
         common.worker_hint(common.list_jobs(status=common.ACTIVE))
         if config is not None:
+            if not problems:
+                st.download_button("Download config (YAML)", yaml.safe_dump(config, sort_keys=False),
+                                   file_name=f"{name.strip() or 'conversion'}.yaml", mime="application/x-yaml",
+                                   key=Y + "download", icon=":material/download:")
             with st.expander("Full config (what the job stores)"):
                 st.code(json.dumps(config, indent=2), language="json")
 

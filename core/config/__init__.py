@@ -14,7 +14,8 @@ from core.config.constants import (
     SUPPORTED_ARCHITECTURES,
     TINY_MODEL,
 )
-from core.config.loading import apply_overrides, load_config, preset, read_yaml_mapping
+from core.config.loading import (apply_overrides, config_fields, load_config, parse_yaml_mapping, preset,
+                                 read_yaml_mapping)
 from core.config.presets import PRESET_DESCRIPTIONS, PRESETS
 from core.config.schema import (
     AttentionSpec,
@@ -64,6 +65,8 @@ __all__ = [
     "load_config",
     "preset",
     "read_yaml_mapping",
+    "parse_yaml_mapping",
+    "config_fields",
     "set_dotted",
     "stored_attention",
     "stored_config",

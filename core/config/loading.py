@@ -37,27 +37,42 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist; check the path") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path} ({exc.strerror}); pass a readable YAML file") from None
+    return parse_yaml_mapping(raw, f"config file {path}")
+
+
+def parse_yaml_mapping(raw: bytes | str, what: str) -> dict[str, Any]:
+    """The mapping YAML text ``raw`` holds (empty text is ``{}``), or one-line :class:`ConfigError`
+    naming it as ``what`` (e.g. ``"config file a.yaml"``, ``"the uploaded config"``)."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", errors="surrogateescape")
     nul = raw.find(b"\0")
     if nul >= 0:
-        raise ConfigError(f"config file {path} is not YAML text: NUL byte at byte offset {nul} (a binary or "
+        raise ConfigError(f"{what} is not YAML text: NUL byte at byte offset {nul} (a binary or "
                           f"UTF-16 file); pass a YAML file saved as UTF-8")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"config file {path} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at byte offset "
+        raise ConfigError(f"{what} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at byte offset "
                           f"{exc.start} (line {line}); save it as UTF-8 (for example: iconv -f latin1 -t utf-8 "
-                          f"{path} > fixed.yaml)") from None
+                          f"in.yaml > fixed.yaml)") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(exc)}; fix that line") from None
+        raise ConfigError(f"{what} is not valid YAML: {_yaml_problem(exc)}; fix that line") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of field names to values, "
-                          f"got a YAML {type(data).__name__}")
+        raise ConfigError(f"{what} must hold a mapping of field names to values, got a YAML {type(data).__name__}")
     return data
+
+
+def config_fields(data: dict[str, Any], what: str | Path | None, preset_name: str | None = None) -> dict[str, Any]:
+    """The fields of config mapping ``data`` over the preset its ``preset:`` key (or ``preset_name``)
+    names, not yet validated; :class:`ConfigError` for an unknown or conflicting preset."""
+    data = dict(data)
+    name = base_preset(data.pop(PRESET_KEY, None), preset_name, what)
+    return deep_merge(preset_fields(name) if name else {}, data)
 
 
 def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -103,6 +118,4 @@ def load_config(path: str | Path | None = None, preset_name: str | None = None,
                 overrides: Sequence[str] = ()) -> ConvertConfig:
     """Preset, then the YAML file at ``path``, then ``overrides``; validated (see the module docstring)."""
     data = read_yaml_mapping(path) if path is not None else {}
-    name = base_preset(data.pop(PRESET_KEY, None), preset_name, path)
-    base = preset_fields(name) if name else {}
-    return build_config(apply_overrides(deep_merge(base, data), overrides))
+    return build_config(apply_overrides(config_fields(data, path, preset_name), overrides))

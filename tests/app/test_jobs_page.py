@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from app import forms
 from app.common import fmt_duration
 from core.config import PRESETS
 from jobs import api, store
@@ -169,3 +170,42 @@ def test_a_running_job_looks_the_same_from_two_browsers(fresh_ws, monkeypatch):
     button(first, f"cancel_{job.id}").click().run()
     second.run()
     assert "Cancel requested" in texts(second)
+
+
+def _failed_job(ws, config: dict, name: str) -> int:
+    db = open_db(ws)
+    job_id = store.insert_job(db, "convert", config, name=name)
+    claim = store.claim_next_job(db, "otherhost:1:1")
+    store.mark_failed(db, job_id, claim.attempt, "RuntimeError: boom")
+    return job_id
+
+
+@pytest.mark.parametrize("status, label", [("succeeded", "New conversion from this job"),
+                                           ("failed", "Edit and relaunch")])
+def test_a_conversion_opens_in_the_launch_form(fresh_ws, status, label):
+    config = forms.preset_config("tiny-test")
+    config["attention"].update(window_size=8, history_norm="power")  # history_norm: not in the form
+    if status == "succeeded":
+        job = finished_job(fresh_ws, "convert", config, "old", None)
+    else:
+        job = _failed_job(fresh_ws, config, "old")
+    at = open_page("views/jobs.py")
+    widget(at, "selectbox", "jobs_selected").set_value(job).run()
+    assert button(at, f"relaunch_{job}").label == label
+    button(at, f"relaunch_{job}").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Launch a conversion" in texts(at) and f"Based on job #{job} old" in texts(at).replace("**", "")
+    assert widget(at, "number_input", "launch_window_size").value == 8
+    at.switch_page("views/launch.py").run()  # AppTest follows st.switch_page for one run only
+    assert widget(at, "number_input", "launch_window_size").value == 8
+    button(at, "launch_submit").click().run()
+    queued = max(api.list_jobs(workspace=fresh_ws), key=lambda j: j.id)
+    assert queued.id != job and queued.config == config
+
+
+def test_a_blank_generated_sample_reads_empty(fresh_ws):
+    report = {"student_ppl": 10.0, "samples": [{"prompt": "2 + 2?", "teacher": "4", "student": " \n "}]}
+    job = finished_job(fresh_ws, "convert", {"data": {"seq_len": 64}}, "blank", report)
+    at = open_page("views/jobs.py")
+    widget(at, "selectbox", "jobs_selected").set_value(job).run()
+    assert [t.value for t in at.text] == ["4", "(empty)"]

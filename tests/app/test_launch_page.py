@@ -136,3 +136,52 @@ def test_auto_softmax_layers_with_a_budget_and_a_score(fresh_ws):
     widget(at, "text_input", "launch_softmax_layers").set_value("auto").run()  # hidden, the values were kept
     assert widget(at, "number_input", "launch_softmax_budget").value == 1
     assert widget(at, "selectbox", "launch_softmax_score").value == "mse"
+
+
+PASTED = "preset: tiny-test\nattention:\n  window_size: 8\n  history_norm: power\neval:\n  samples: 0\n"
+
+
+def _load_yaml(at, text):
+    widget(at, "text_area", "launchyaml_text").set_value(text).run()
+    button(at, "launchyaml_load").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def test_a_pasted_yaml_config_fills_the_form_and_keeps_the_fields_outside_it(fresh_ws):
+    at = open_page()
+    _load_yaml(at, PASTED)
+    assert widget(at, "radio", "launch_model_choice").value == "tiny"
+    assert widget(at, "number_input", "launch_window_size").value == 8
+    assert "Based on pasted config" in texts(at).replace("**", "") and "The config is valid." in texts(at)
+    widget(at, "number_input", "launch_stage1_steps").set_value(6).run()
+    button(at, "launch_submit").click().run()
+    job = api.list_jobs(workspace=fresh_ws)[0]
+    expected = forms.from_yaml(PASTED, "the pasted config")[0]
+    expected["stage1"]["steps"] = 6
+    assert job.config == expected
+    assert job.config["attention"]["history_norm"] == "power" and job.config["eval"]["samples"] == 0  # not in the form
+    download = [b for b in at.get("download_button") if b.key == "launchyaml_download"]
+    assert len(download) == 1
+
+
+@pytest.mark.parametrize("text, message", [
+    ("attention: {window_size: [1,\n", "the pasted config is not valid YAML"),
+    ("preset: nope\n", "unknown preset 'nope'"),
+    ("preset: tiny-test\nattention: {kind: quadratic}\n", "unknown attention kind 'quadratic'"),
+    ("preset: tiny-test\ndata: {source: /no/such/rows.jsonl}\n", "'/no/such/rows.jsonl' does not exist"),
+])
+def test_a_bad_yaml_config_is_refused_with_one_line_and_the_form_is_kept(fresh_ws, text, message):
+    at = open_page()
+    _select_preset(at, "tiny-test")
+    _load_yaml(at, text)
+    assert any(message in e.value and "\n" not in e.value for e in at.error), [e.value for e in at.error]
+    assert widget(at, "number_input", "launch_window_size").value == 16  # still the preset's
+    assert "Based on" not in texts(at)
+
+
+def test_back_to_the_preset_drops_the_loaded_config(fresh_ws):
+    at = open_page()
+    _select_preset(at, "tiny-test")
+    _load_yaml(at, PASTED)
+    button(at, "launchyaml_base_clear").click().run()
+    assert widget(at, "number_input", "launch_window_size").value == 16 and "Based on" not in texts(at)
