@@ -19,6 +19,7 @@ from typing import Any, Callable
 import streamlit as st
 
 from app.navigation import page
+from app.progress import PACE_METRICS, overall_progress, pace
 from core.config import PRESET_DESCRIPTIONS, preset
 from core.workspace import workspace_root
 from jobs import api
@@ -229,17 +230,6 @@ def latest_attempt(points: list[MetricPoint]) -> list[MetricPoint]:
     return sorted(newest.values(), key=lambda p: p.id)
 
 
-def _pace(points: list[MetricPoint]) -> tuple[float | None, int, datetime]:
-    """(seconds per step between the first and the last step of ``points``, or None with one step
-    only; the last step; its time)."""
-    steps: dict[int, datetime] = {}
-    for p in points:
-        steps.setdefault(p.step, p.time)
-    ordered = sorted(steps.items())
-    (s0, t0), (s1, t1) = ordered[0], ordered[-1]
-    return ((t1 - t0).total_seconds() / (s1 - s0) if s1 > s0 else None), s1, t1
-
-
 def stage_eta(job: JobInfo, points: list[MetricPoint]) -> float | None:
     """Seconds left in the running stage, from the pace of its steps so far (None if unknown).
 
@@ -253,11 +243,11 @@ def stage_eta(job: JobInfo, points: list[MetricPoint]) -> float | None:
     current = [p for p in stage if p.attempt == job.attempt]
     if not current:
         return None
-    per_step, last_step, last_time = _pace(current)
+    per_step, last_step, last_time = pace(current)
     if per_step is None:
         earlier = [p for p in stage if p.attempt < job.attempt]
         if earlier:
-            per_step = _pace(earlier)[0]
+            per_step = pace(earlier)[0]
         elif job.started_at is not None:
             per_step = (last_time - job.started_at).total_seconds() / max(last_step, 1)
     if per_step is None:
@@ -273,6 +263,18 @@ STAGE_NAMES = {  # progress stages of a conversion (core.pipeline.convert) and a
     "teacher_tasks": "teacher tasks", "student_tasks": "student tasks",
     "long_context": "long context", "long_context_passkey": "long-context passkey grid",
 }
+
+
+def pace_points(job: JobInfo) -> list[MetricPoint]:
+    """The job's metric rows that time its steps (one per step of each stage)."""
+    return [p for name in PACE_METRICS for p in api.job_metrics(job.id, name=name, **ws())]
+
+
+def overall(job: JobInfo):
+    """:func:`app.progress.overall_progress` of ``job`` now (None unless a running conversion)."""
+    if job.kind != CONVERT or job.status != "running":
+        return None
+    return overall_progress(job, pace_points(job), utcnow())
 
 
 def stage_name(stage: str | None) -> str:

@@ -27,8 +27,11 @@ def _note(job: JobInfo) -> str:
 def _table(jobs: list[JobInfo]) -> pd.DataFrame:
     rows = []
     for j in jobs:
-        eta = None
-        if j.status == "running":
+        eta, fraction = None, common.progress_fraction(j)
+        whole = common.overall(j)
+        if whole is not None:
+            eta, fraction = whole.eta_s, whole.fraction
+        elif j.status == "running":
             eta = common.stage_eta(j, api.job_metrics(j.id, stage=j.progress_stage, **common.ws()))
         rows.append({
             "id": j.id,
@@ -37,7 +40,7 @@ def _table(jobs: list[JobInfo]) -> pd.DataFrame:
             "status": j.status,
             "stage": common.stage_name(j.progress_stage),
             "step": f"{j.progress_step}/{j.progress_total or '?'}" if j.progress_step is not None else "",
-            "progress": common.progress_fraction(j),
+            "progress": fraction,
             "ETA": common.fmt_duration(eta) if eta is not None else "",
             "attempt": j.attempt,
             "created": common.local_time(j.created_at),
@@ -98,13 +101,8 @@ def _actions(job: JobInfo) -> None:
 
 def _details(job: JobInfo) -> None:
     st.markdown(f"### Job #{job.id} {job.name or ''} · {common.status_badge(job.status)}")
-    frac = common.progress_fraction(job)
     if job.status == "running":
-        eta = common.stage_eta(job, api.job_metrics(job.id, stage=job.progress_stage, **common.ws()))
-        step = f"step {job.progress_step}/{job.progress_total or '?'}" if job.progress_step is not None else "starting"
-        text = f"{common.stage_name(job.progress_stage) or 'starting'}: {step}" + (f" · about {common.fmt_duration(eta)} left in this stage"
-                                                                if eta is not None else "")
-        st.progress(frac or 0.0, text=text)
+        _running(job)
     if job.error:
         st.error(f"**Why it failed:** {job.error}", icon=":material/error:")
     elif job.status_reason:
@@ -145,6 +143,21 @@ def _details(job: JobInfo) -> None:
         st.code(json.dumps(job.config, indent=2), language="json")
     with tabs["Info"]:
         st.json(meta)
+
+
+def _running(job: JobInfo) -> None:
+    """The running job's progress: for a conversion one overall bar (all its phases, with the time
+    left) over the current stage's, else the stage's bar."""
+    eta = common.stage_eta(job, api.job_metrics(job.id, stage=job.progress_stage, **common.ws()))
+    step = f"step {job.progress_step}/{job.progress_total or '?'}" if job.progress_step is not None else "starting"
+    text = f"{common.stage_name(job.progress_stage) or 'starting'}: {step}" + (
+        f" · about {common.fmt_duration(eta)} left in this stage" if eta is not None else "")
+    whole = common.overall(job)
+    if whole is not None:
+        left = f" · about {common.fmt_duration(whole.eta_s)} left" if whole.eta_s is not None else ""
+        then = f", then {whole.after}" if whole.after else ""
+        st.progress(whole.fraction, text=f"**Overall {whole.fraction:.0%}**{left}{then}")
+    st.progress(common.progress_fraction(job) or 0.0, text=text)
 
 
 def _headline(job: JobInfo, result: dict) -> None:

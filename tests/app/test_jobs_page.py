@@ -172,6 +172,30 @@ def test_a_running_job_looks_the_same_from_two_browsers(fresh_ws, monkeypatch):
     assert "Cancel requested" in texts(second)
 
 
+def test_a_running_conversion_shows_one_overall_bar_with_the_time_left(fresh_ws, monkeypatch):
+    """tiny-test: 2 teacher blocks measured at 1 s, stage 1 (4 steps of cost 3) at step 2 of 4, 3 s a
+    step, the last just now: 6 s of stage 1 left, stage 2 (cost 3) at the same 1 s per cost unit for
+    4 steps, then 2 + 2 evaluation blocks at 1 s."""
+    db = open_db(fresh_ws)
+    job = api.submit_job("convert", forms.preset_config("tiny-test"), name="live", workspace=fresh_ws)
+    claim = store.claim_next_job(db, "otherhost:1:1")
+    now, real_utcnow = store.utcnow(), store.utcnow
+    beats = [("teacher_eval", 1, 2, "nll", 9), ("teacher_eval", 2, 2, "nll", 8),
+             ("stage1", 1, 4, "loss", 3), ("stage1", 2, 4, "loss", 0)]
+    for stage, step, total, name, ago in beats:
+        monkeypatch.setattr(store, "utcnow", lambda at=now - timedelta(seconds=ago): at)
+        store.heartbeat(db, job.id, claim.attempt, stage=stage, step=step, total=total, metrics={name: 1.0})
+    monkeypatch.setattr(store, "utcnow", real_utcnow)
+    at = open_page("views/jobs.py")
+    row = _table(at)[job.id]
+    left = 2 * 3 + 4 * 3 + 4 * 1
+    assert left - 3 <= _seconds(row["ETA"]) <= left
+    assert row["progress"] == pytest.approx((2 + 6) / (2 + 12 + 12 + 4), abs=0.01)
+    bars = [b.proto.text for b in at.get("progress")]
+    assert bars[0].startswith("**Overall 27%** · about") and bars[0].endswith("left, then long-context evaluation")
+    assert bars[1].startswith("stage 1: attention transfer: step 2/4")
+
+
 def _failed_job(ws, config: dict, name: str) -> int:
     db = open_db(ws)
     job_id = store.insert_job(db, "convert", config, name=name)
