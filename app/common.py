@@ -19,7 +19,7 @@ from typing import Any, Callable
 import streamlit as st
 
 from app.navigation import page
-from app.progress import PACE_METRICS, overall_progress, pace
+from app.progress import PACE_METRICS, estimate_seconds, overall_progress, pace, seconds_per_unit
 from core.config import PRESET_DESCRIPTIONS, preset
 from core.workspace import workspace_root
 from jobs import api
@@ -275,6 +275,30 @@ def overall(job: JobInfo):
     if job.kind != CONVERT or job.status != "running":
         return None
     return overall_progress(job, pace_points(job), utcnow())
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def _unit_seconds(job_id: int, root: str, config_json: str) -> float | None:
+    """Seconds per cost unit a finished conversion measured (it does not change: cached)."""
+    job = api.get_job(job_id, workspace=root)
+    return seconds_per_unit(json.loads(config_json), [p for name in PACE_METRICS
+                                                      for p in api.job_metrics(job.id, name=name, workspace=root)])
+
+
+def wall_time_estimate(config: dict) -> tuple[float, JobInfo] | None:
+    """(seconds, the job it is measured from): how long the phases of a conversion with ``config``
+    take here, at the pace of the newest finished conversion of the same model and dtype, scaled by
+    the blocks' length; None when no such conversion has run in this workspace."""
+    model = config["model"]
+    for job in list_jobs(kind=CONVERT, status="succeeded"):
+        theirs = job.config.get("model", {})
+        if (theirs.get("source"), theirs.get("dtype")) != (model["source"], model["dtype"]):
+            continue
+        per_unit = _unit_seconds(job.id, str(workspace()), json.dumps(job.config, sort_keys=True))
+        if per_unit is not None:
+            scale = config["data"]["seq_len"] / job.config["data"]["seq_len"]
+            return estimate_seconds(config, per_unit * scale), job
+    return None
 
 
 def stage_name(stage: str | None) -> str:

@@ -84,4 +84,18 @@ def overall_progress(job: JobInfo, points: list[MetricPoint], now: datetime) -> 
     return Overall(sum(d * s for d, s in zip(done, seconds)) / sum(seconds), left, _after(job.config))
 
 
-__all__ = ["PACE_METRICS", "Overall", "overall_progress", "pace", "stage_pace"]
+def seconds_per_unit(config: dict, points: list[MetricPoint]) -> float | None:
+    """Seconds per cost unit of a finished conversion with ``config`` (its last attempt's measured
+    phases, the median over them), or None when none was measured."""
+    attempt = max((p.attempt for p in points), default=0)
+    rates = sorted(s / p.cost for p in conversion_phases(config)
+                   if (s := stage_pace(points, p.stage, attempt)) is not None)
+    return rates[len(rates) // 2] if rates else None
+
+
+def estimate_seconds(config: dict, per_unit: float) -> float:
+    """Seconds the listed phases of a conversion with ``config`` take at ``per_unit`` seconds per cost unit."""
+    return sum(p.steps * p.cost for p in conversion_phases(config)) * per_unit
+
+
+__all__ = ["PACE_METRICS", "Overall", "estimate_seconds", "overall_progress", "pace", "seconds_per_unit", "stage_pace"]

@@ -136,8 +136,8 @@ def _base_notice() -> None:
 def _form(problems) -> None:
     described = {**PRESET_DESCRIPTIONS, forms.RECIPE: "the paper's Llama 3 8B recipe values"}
     st.selectbox("Preset", forms.preset_names(), key=P + "preset", on_change=_apply_preset,
-                 help="Fills every field below; edit any of them afterwards. "
-                      + "; ".join(f"{name}: {line}" for name, line in described.items()) + ".")
+                 help="Fills every field below; edit any of them afterwards.")
+    st.caption(described[st.session_state[P + "preset"]])
     _base_notice()
     _yaml_loader()
 
@@ -228,6 +228,20 @@ def _softmax_summary(attention: dict) -> str:
     return f", softmax layers {attention['softmax_layers']}" if attention["softmax_layers"] else ""
 
 
+def _estimate(config: dict) -> str:
+    """The Check panel's wall-time line: measured here, or why there is none yet."""
+    found = common.wall_time_estimate(config)
+    if found is None:
+        return (f"- wall time: no estimate yet (no conversion of {config['model']['source']} in "
+                f"{config['model']['dtype']} has finished in this workspace)")
+    seconds, job = found
+    extra = [what for what, on in (("long-context evaluation", config["eval"]["long_context"]["enabled"]),
+                                   ("task accuracy", config["eval"]["tasks"])) if on]
+    then = f", plus {' and '.join(extra)}" if extra else ""
+    return (f"- wall time: about **{common.fmt_duration(seconds)}** for the training and perplexity phases (model "
+            f"loading aside) at the pace job #{job.id} measured here{then}")
+
+
 def _panel(config: dict | None, problems: list[tuple[str, str]]) -> None:
     with st.container(border=True):
         st.subheader("Check")
@@ -247,6 +261,7 @@ def _panel(config: dict | None, problems: list[tuple[str, str]]) -> None:
                 f"- attention **{a['kind']}**, {a['feature_map']} feature dim {a['feature_dim']}{window}{softmax}\n"
                 f"- stage 1: {s1['steps'] if s1['enabled'] else 'off'} steps · stage 2: "
                 f"{s2['steps'] if s2['enabled'] else 'off'} steps (LoRA rank {s2['rank']})")
+            st.markdown(_estimate(config))
         name = st.text_input("Run name (optional)", key=P + "submit_name", placeholder="my-conversion")
         if st.button("Launch conversion", type="primary", disabled=bool(problems), key=P + "submit",
                      icon=":material/rocket_launch:"):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from app import forms
-from jobs import api
+from core.config import PRESET_DESCRIPTIONS
+from jobs import api, store
+from jobs.db import open_db
 from tests.app.apptest import button, open_page, texts, widget
 
 
@@ -185,3 +189,33 @@ def test_back_to_the_preset_drops_the_loaded_config(fresh_ws):
     _load_yaml(at, PASTED)
     button(at, "launchyaml_base_clear").click().run()
     assert widget(at, "number_input", "launch_window_size").value == 16 and "Based on" not in texts(at)
+
+
+def test_the_preset_is_described_and_no_estimate_before_a_conversion_ran(fresh_ws):
+    at = open_page()
+    _select_preset(at, "tiny-test")
+    assert PRESET_DESCRIPTIONS["tiny-test"] in [c.value for c in at.caption]
+    assert "wall time: no estimate yet (no conversion of tiny-random-llama in float32" in texts(at)
+
+
+def test_the_wall_time_is_estimated_from_a_finished_conversion_here(fresh_ws, monkeypatch):
+    """A finished tiny-test conversion measured 1 s per cost unit (2 teacher blocks 1 s apart, stage-1
+    steps of cost 3 at 3 s); the same config costs 2 + 12 + 12 + 2 + 2 units, twice that with blocks
+    twice as long."""
+    db = open_db(fresh_ws)
+    config = forms.preset_config("tiny-test")
+    job = api.submit_job("convert", config, workspace=fresh_ws)
+    claim = store.claim_next_job(db, "otherhost:1:1")
+    now, real = store.utcnow(), store.utcnow
+    for stage, step, name, ago in (("teacher_eval", 1, "nll", 9), ("teacher_eval", 2, "nll", 8),
+                                   ("stage1", 1, "loss", 3), ("stage1", 2, "loss", 0)):
+        monkeypatch.setattr(store, "utcnow", lambda at=now - timedelta(seconds=ago): at)
+        store.heartbeat(db, job.id, claim.attempt, stage=stage, step=step, total=4, metrics={name: 1.0})
+    monkeypatch.setattr(store, "utcnow", real)
+    store.mark_succeeded(db, job.id, claim.attempt, {"student_ppl": 10.0})
+    at = open_page()
+    _select_preset(at, "tiny-test")
+    assert f"wall time: about 30s for the training and perplexity phases (model loading aside) at the pace job #{job.id}" \
+        in texts(at).replace("**", "")
+    widget(at, "number_input", "launch_seq_len").set_value(128).run()
+    assert "wall time: about 1m 00s" in texts(at).replace("**", "")
