@@ -99,7 +99,7 @@ def demo_button(key: str) -> None:
                        lambda job: f"Queued the demo conversion as job #{job.id}.")
 
 
-def queue_and_show(kind: str, config: dict, name: str, flash: Callable[[JobInfo], str]) -> JobInfo | None:
+def queue_and_show(kind: str, config: dict, name: str | None, flash: Callable[[JobInfo], str]) -> JobInfo | None:
     """Queue a job and go to the Jobs page with the message ``flash(job)``; a config the job system
     refuses is shown as an error on this page (returns None)."""
     try:

@@ -24,6 +24,7 @@ field and nothing is queued.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,23 @@ def cancel_job(job_id: int, *, workspace: PathLike = None, db_url: str | None = 
     """
     db = _db(workspace, db_url)
     store.request_cancel(db, job_id)
+    return get_job(job_id, workspace=db.workspace, db_url=db_url)
+
+
+def delete_job(job_id: int, *, keep_files: bool = False, workspace: PathLike = None, db_url: str | None = None) -> None:
+    """Delete a job that is not queued or running, and its run folder unless ``keep_files``
+    (:class:`InvalidTransition` for an active job: cancel it first). The database row goes first,
+    so a folder that cannot be removed is left behind, never a job without its folder."""
+    db = _db(workspace, db_url)
+    run_dir = store.delete_job(db, job_id)
+    if run_dir and not keep_files:
+        shutil.rmtree(safe_child(db.workspace, run_dir), ignore_errors=True)
+
+
+def rename_job(job_id: int, name: str | None, *, workspace: PathLike = None, db_url: str | None = None) -> JobInfo:
+    """Give a job a new label (None or blank: none); the name rules of :func:`submit_job` apply."""
+    db = _db(workspace, db_url)
+    store.rename_job(db, job_id, _check_name(name, db.workspace) if name and str(name).strip() else None)
     return get_job(job_id, workspace=db.workspace, db_url=db_url)
 
 

@@ -224,6 +224,30 @@ def cancel(job_id: int = typer.Argument(...), workspace: Optional[Path] = Worksp
                       "does not)")
 
 
+@jobs_app.command("delete")
+@_user_errors
+def delete(job_id: int = typer.Argument(...),
+           keep_files: bool = typer.Option(False, "--keep-files", help="Keep the job's run folder."),
+           yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+           workspace: Optional[Path] = WorkspaceOpt, db_url: Optional[str] = DbUrlOpt) -> None:
+    """Delete a finished job with its logs and metrics, and its run folder unless --keep-files."""
+    info = api.get_job(job_id, workspace=workspace, db_url=db_url)
+    what = "" if keep_files else f" and its folder {info.run_dir}"
+    if not yes and not typer.confirm(f"Delete job {job_id} ({info.kind}, {info.status}){what}?"):
+        raise typer.Exit(1)
+    api.delete_job(job_id, keep_files=keep_files, workspace=workspace, db_url=db_url)
+    console.print(f"job {job_id} deleted{what}")
+
+
+@jobs_app.command("rename")
+@_user_errors
+def rename(job_id: int = typer.Argument(...), name: str = typer.Argument(..., help="New name ('' removes it)."),
+           workspace: Optional[Path] = WorkspaceOpt, db_url: Optional[str] = DbUrlOpt) -> None:
+    """Give a job a new name."""
+    j = api.rename_job(job_id, name, workspace=workspace, db_url=db_url)
+    console.print(f"job {job_id} is now named {j.name!r}" if j.name else f"job {job_id} has no name")
+
+
 @jobs_app.command("resume")
 @_user_errors
 def resume(

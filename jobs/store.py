@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from jobs.db import Database
@@ -244,6 +244,37 @@ def request_cancel(db: Database, job_id: int) -> JobStatus:
                                 "can be cancelled")
 
     return db.write(txn, what=f"cancelling job {job_id}")
+
+
+def delete_job(db: Database, job_id: int) -> str | None:
+    """Remove a finished job (succeeded, failed, cancelled or interrupted) with its metrics and
+    events; returns its run folder (relative to the workspace). A queued or running job is refused."""
+    def txn(s: Session) -> str | None:
+        job = s.get(Job, job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        if job.status in (Q, R):
+            raise InvalidTransition(f"job {job_id} is {JobStatus(job.status).value}: cancel it before deleting it")
+        run_dir = job.run_dir
+        s.execute(delete(Metric).where(Metric.job_id == job_id))
+        s.execute(delete(JobEvent).where(JobEvent.job_id == job_id))
+        s.delete(job)
+        return run_dir
+
+    return db.write(txn, what=f"deleting job {job_id}")
+
+
+def rename_job(db: Database, job_id: int, name: str | None) -> None:
+    """Set a job's label (None: no name)."""
+
+    def txn(s: Session) -> None:
+        job = s.get(Job, job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        job.name = name
+        _event(s, job_id, f"renamed to {name!r}" if name else "name removed", source="api", attempt=job.attempt)
+
+    db.write(txn, what=f"renaming job {job_id}")
 
 
 def requeue(db: Database, job_id: int, expected: JobStatus, config: dict[str, Any] | None,

@@ -33,18 +33,18 @@ def _table(jobs: list[JobInfo]) -> pd.DataFrame:
             eta, fraction = whole.eta_s, whole.fraction
         elif j.status == "running":
             eta = common.stage_eta(j, api.job_metrics(j.id, stage=j.progress_stage, **common.ws()))
-        rows.append({
+        rows.append({  # what matters first: a narrow window cuts the last columns
             "id": j.id,
             "name": j.name or "",
-            "kind": j.kind,
             "status": j.status,
-            "stage": common.stage_name(j.progress_stage),
-            "step": f"{j.progress_step}/{j.progress_total or '?'}" if j.progress_step is not None else "",
             "progress": fraction,
             "ETA": common.fmt_duration(eta) if eta is not None else "",
+            "stage": common.stage_name(j.progress_stage),
+            "step": f"{j.progress_step}/{j.progress_total or '?'}" if j.progress_step is not None else "",
+            "kind": j.kind,
+            "error / reason": _note(j),
             "attempt": j.attempt,
             "created": common.local_time(j.created_at),
-            "error / reason": _note(j),
         })
     return pd.DataFrame(rows)
 
@@ -99,6 +99,39 @@ def _actions(job: JobInfo) -> None:
             common.open_in_launch(f"job #{job.id}{' ' + job.name if job.name else ''}", job.config)
 
 
+def _manage(job: JobInfo) -> None:
+    """Rename the job; delete it with its run folder, after a confirmation (not while it is active)."""
+    c1, c2, c3 = st.columns([3, 1, 1], vertical_alignment="bottom")
+    name = c1.text_input("Name", value=job.name or "", key=f"name_{job.id}", placeholder="no name")
+    if c2.button("Rename", key=f"rename_{job.id}", disabled=name.strip() == (job.name or "")):
+        try:
+            api.rename_job(job.id, name, **common.ws())
+            st.toast(f"Job #{job.id} renamed")
+        except JobsError as exc:
+            st.error(str(exc))
+    active = job.status in common.ACTIVE
+    with c3.popover("Delete", icon=":material/delete:", disabled=active,
+                    help="Cancel the job first." if active else "Delete the job, its logs and its run folder."):
+        st.warning(f"Job #{job.id}, its logs, metrics and run folder `{job.run_dir}` are deleted for good.")
+        if st.button(f"Delete job #{job.id}", key=f"delete_{job.id}", type="primary"):
+            try:
+                api.delete_job(job.id, **common.ws())
+            except JobsError as exc:
+                st.error(str(exc))
+            else:
+                st.session_state["flash"] = f"Deleted job #{job.id}."
+                st.rerun()
+
+
+def _filtered(jobs: list[JobInfo]) -> list[JobInfo]:
+    """The jobs of the kinds and statuses picked above the table (all when none is picked)."""
+    c1, c2 = st.columns(2)
+    kinds = c1.multiselect("Kind", sorted({j.kind for j in jobs}), key="jobs_kinds", placeholder="every kind")
+    statuses = c2.multiselect("Status", sorted({j.status for j in jobs}), key="jobs_statuses",
+                              placeholder="every status")
+    return [j for j in jobs if (not kinds or j.kind in kinds) and (not statuses or j.status in statuses)]
+
+
 def _details(job: JobInfo) -> None:
     st.markdown(f"### Job #{job.id} {job.name or ''} · {common.status_badge(job.status)}")
     if job.status == "running":
@@ -143,6 +176,7 @@ def _details(job: JobInfo) -> None:
         st.code(json.dumps(job.config, indent=2), language="json")
     with tabs["Info"]:
         st.json(meta)
+        _manage(job)
 
 
 def _running(job: JobInfo) -> None:
@@ -232,6 +266,10 @@ def live() -> None:
             common.page_link("launch", "Configure a conversion")
         return
     common.worker_hint(jobs)
+    jobs = _filtered(jobs)
+    if not jobs:
+        st.info("No job matches the filters.")
+        return
     st.dataframe(
         _table(jobs), hide_index=True, width="stretch",
         column_config={

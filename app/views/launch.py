@@ -5,7 +5,7 @@ reads a file) or from an earlier job's config (the Jobs page's "New conversion f
 with a YAML config or a job's, the fields outside the form keep its values. The config is
 validated on every change; each problem is shown under its section and in the check panel, and
 the launch button stays disabled until there is none; a valid config can be downloaded as YAML.
-Nothing runs here: the job goes to the queue and a worker runs it.
+Nothing runs here: the job goes to the queue, a worker runs it, and the Jobs page shows it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import yaml
 from app import common, forms
 from core.config import FEATURE_MAPS, KINDS, PRESET_DESCRIPTIONS
 from core.config.constants import SOFTMAX_SCORES
-from jobs import api
-from jobs.errors import JobsError
 
 P = "launch_"  # widget key prefix
 _SAVED = "launch_saved_values"  # survives page switches (Streamlit drops widget state of hidden pages)
@@ -265,17 +263,8 @@ def _panel(config: dict | None, problems: list[tuple[str, str]]) -> None:
         name = st.text_input("Run name (optional)", key=P + "submit_name", placeholder="my-conversion")
         if st.button("Launch conversion", type="primary", disabled=bool(problems), key=P + "submit",
                      icon=":material/rocket_launch:"):
-            try:
-                job = api.submit_job(common.CONVERT, config, name=name.strip() or None, **common.ws())
-            except JobsError as exc:
-                st.session_state.pop("launch_last_job", None)
-                st.error(str(exc), icon=":material/error:")
-            else:
-                st.session_state["launch_last_job"] = job.id
-        last = st.session_state.get("launch_last_job")
-        if last is not None:
-            st.success(f"Queued job #{last}.", icon=":material/schedule:")
-            common.page_link("jobs", "Watch it on the Jobs page")
+            common.queue_and_show(common.CONVERT, config, name.strip() or None,
+                                  lambda job: f"Queued conversion job #{job.id}.")
         common.worker_hint(common.list_jobs(status=common.ACTIVE))
         if config is not None:
             if not problems:

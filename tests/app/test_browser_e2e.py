@@ -106,7 +106,7 @@ def test_launch_watch_inspect_and_chat(page, running_app, workspace):
     page.get_by_text("The config is valid.").wait_for()
     page.get_by_test_id("stMarkdown").filter(has_text="model tiny-random-llama").first.wait_for()  # rerun done
     page.get_by_role("button", name="Launch conversion").click()
-    page.get_by_text(re.compile(r"Queued job #1\.")).wait_for()
+    page.get_by_text(re.compile(r"Queued conversion job #1\.")).wait_for()  # shown on the Jobs page
     _shot(page, "1-launch")
     job = api.list_jobs(workspace=workspace)[0]
     assert (job.kind, job.config["model"]["source"]) == ("convert", "tiny-random-llama")

@@ -13,6 +13,7 @@ from app.common import fmt_duration
 from core.config import PRESETS
 from jobs import api, store
 from jobs.db import open_db
+from jobs.errors import JobsError
 from tests.app.apptest import button, open_page, texts, widget
 from tests.app.seed import finished_job
 from tests.long_context_report import long_context_section
@@ -233,3 +234,37 @@ def test_a_blank_generated_sample_reads_empty(fresh_ws):
     at = open_page("views/jobs.py")
     widget(at, "selectbox", "jobs_selected").set_value(job).run()
     assert [t.value for t in at.text] == ["4", "(empty)"]
+
+
+def test_filters_rename_and_delete_with_its_folder(fresh_ws):
+    done = finished_job(fresh_ws, "convert", {"data": {"seq_len": 64}}, "first", None)
+    queued = api.submit_job("selftest", {"steps": 3}, name="waiting", workspace=fresh_ws).id
+    at = open_page("views/jobs.py")
+    widget(at, "multiselect", "jobs_kinds").set_value(["selftest"]).run()
+    assert list(_table(at)) == [queued]
+    widget(at, "multiselect", "jobs_statuses").set_value(["succeeded"]).run()
+    assert "No job matches the filters." in texts(at)
+    widget(at, "multiselect", "jobs_kinds").set_value([]).run()
+    assert list(_table(at)) == [done]
+
+    widget(at, "selectbox", "jobs_selected").set_value(done).run()
+    widget(at, "text_input", f"name_{done}").set_value("renamed").run()
+    button(at, f"rename_{done}").click().run()
+    assert api.get_job(done, workspace=fresh_ws).name == "renamed"
+    folder = fresh_ws / "runs" / str(done)
+    assert folder.is_dir()
+    button(at, f"delete_{done}").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [j.id for j in api.list_jobs(workspace=fresh_ws)] == [queued] and not folder.exists()
+    assert f"Deleted job #{done}." in texts(at)
+
+
+def test_an_active_job_cannot_be_deleted(fresh_ws):
+    queued = api.submit_job("selftest", {"steps": 3}, workspace=fresh_ws).id
+    with pytest.raises(JobsError, match="cancel it before deleting it"):
+        api.delete_job(queued, workspace=fresh_ws)
+    at = open_page("views/jobs.py")
+    assert [p.proto.popover.disabled for p in at.get("popover")] == [True]
+    api.cancel_job(queued, workspace=fresh_ws)
+    api.delete_job(queued, keep_files=True, workspace=fresh_ws)
+    assert api.list_jobs(workspace=fresh_ws) == [] and api.job_events(queued, workspace=fresh_ws) == []

@@ -76,7 +76,7 @@ def test_launch_queues_a_convert_job_with_the_form_config(fresh_ws):
     expected = forms.preset_config("tiny-test")
     expected["attention"]["kind"] = "sliding_window"
     assert job.config == expected
-    assert f"Queued job #{job.id}." in texts(at)
+    assert f"Queued conversion job #{job.id}." in texts(at) and "Jobs" in [t.value for t in at.title]  # on the Jobs page
 
 
 def test_launch_error_from_the_job_system_is_shown(fresh_ws):
@@ -134,6 +134,7 @@ def test_auto_softmax_layers_with_a_budget_and_a_score(fresh_ws):
     (job,) = api.list_jobs(workspace=fresh_ws)
     attention = job.config["attention"]
     assert (attention["softmax_layers"], attention["softmax_budget"], attention["softmax_score"]) == ("auto", 1, "mse")
+    at.switch_page("views/launch.py").run()  # the launch went to the Jobs page; the form is kept
     widget(at, "text_input", "launch_softmax_layers").set_value("1").run()
     assert "launch_softmax_budget" not in _widget_keys(at, "number_input")
     assert "The config is valid." in texts(at)
@@ -158,14 +159,13 @@ def test_a_pasted_yaml_config_fills_the_form_and_keeps_the_fields_outside_it(fre
     assert widget(at, "number_input", "launch_window_size").value == 8
     assert "Based on pasted config" in texts(at).replace("**", "") and "The config is valid." in texts(at)
     widget(at, "number_input", "launch_stage1_steps").set_value(6).run()
+    assert [b.key for b in at.get("download_button")] == ["launchyaml_download"]
     button(at, "launch_submit").click().run()
     job = api.list_jobs(workspace=fresh_ws)[0]
     expected = forms.from_yaml(PASTED, "the pasted config")[0]
     expected["stage1"]["steps"] = 6
     assert job.config == expected
     assert job.config["attention"]["history_norm"] == "power" and job.config["eval"]["samples"] == 0  # not in the form
-    download = [b for b in at.get("download_button") if b.key == "launchyaml_download"]
-    assert len(download) == 1
 
 
 @pytest.mark.parametrize("text, message", [

@@ -183,3 +183,20 @@ def test_commands_are_registered_on_the_lolcats_app(ws):
     result = runner.invoke(app, ["jobs", "list", "--workspace", str(ws)])
     assert result.exit_code == 0 and "1 job(s)" in result.output
     assert runner.invoke(app, ["worker", "--help"]).exit_code == 0
+
+
+def test_rename_and_delete(run, ws):
+    assert run("jobs", "submit", "--preset", "selftest-quick").exit_code == 0
+    refused = run("jobs", "delete", "1", "--yes")
+    assert refused.exit_code == 1 and "job 1 is queued: cancel it before deleting it" in refused.output
+    assert run("jobs", "rename", "1", "first try").output.strip() == "job 1 is now named 'first try'"
+    assert run("jobs", "rename", "1", "../out").exit_code == 1
+    assert run("jobs", "cancel", "1").exit_code == 0
+    folder = ws / "runs" / "1"
+    folder.mkdir(parents=True)
+    (folder / "report.json").write_text("{}")
+    assert run("jobs", "delete", "1").exit_code == 1  # asked, no answer: nothing deleted
+    assert api.get_job(1, workspace=ws).name == "first try" and folder.is_dir()
+    result = run("jobs", "delete", "1", "--yes")
+    assert result.exit_code == 0 and "job 1 deleted and its folder" in result.output
+    assert api.list_jobs(workspace=ws) == [] and not folder.exists()
