@@ -99,8 +99,8 @@ def render(results: dict) -> str:
     """The Markdown tables of every recorded variant: ratio to the teacher by length and by
     position bucket, the two baselines beside the student."""
     out = ["# Long-context quality on CPU (the bundled SmolLM2-135M-Instruct; Gemma 3 270M where named)", "",
-           "Rendered by `benchmarks/long_context.py --render` from `long-context-cpu.json`; each variant's command is",
-           "listed with it. Ratios are perplexity over the teacher's on held-out contiguous text (the bundled KJV",
+           "Source: `long-context-cpu.json`, rendered by `benchmarks/long_context.py --render`; each variant's command",
+           "is listed with it. Ratios are perplexity over the teacher's on held-out contiguous text (the bundled KJV",
            "sample; the conversions train on GSM8K), 2 sequences of 4096 tokens, each length reading their prefix.",
            "`window` is the teacher's own softmax over the student's window plus its sinks, untrained;",
            "`memory` the same with the window whose key/value bytes equal the student's state.", ""]
