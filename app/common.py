@@ -21,6 +21,7 @@ import streamlit as st
 from app.navigation import page
 from app.progress import PACE_METRICS, estimate_seconds, overall_progress, pace, seconds_per_unit
 from core.config import PRESET_DESCRIPTIONS, preset
+from core.run_folder import REPORT_FILE, STAGE_LABELS, is_run
 from core.workspace import workspace_root
 from jobs import api
 from jobs.db import open_db
@@ -84,8 +85,7 @@ def finished_conversions() -> list[JobInfo]:
     """Succeeded conversions whose run folder still holds a loadable model, newest first."""
     out = []
     for job in list_jobs(kind=CONVERT, status="succeeded"):
-        d = job.run_dir
-        if d and (d / "config.json").is_file() and ((d / "stage1").exists() or (d / "stage2").exists()):
+        if job.run_dir and is_run(job.run_dir):
             out.append(job)
     return out
 
@@ -257,12 +257,6 @@ def stage_eta(job: JobInfo, points: list[MetricPoint]) -> float | None:
     return max(left - since_last, 0.0)
 
 
-STAGE_NAMES = {  # progress stages of a conversion (core.pipeline.convert) and a benchmark (core.bench)
-    "teacher_eval": "teacher perplexity", "stage1": "stage 1: attention transfer", "stage2": "stage 2: LoRA",
-    "student_eval": "student perplexity", "student_val": "student validation", "bench": "benchmark",
-    "teacher_tasks": "teacher tasks", "student_tasks": "student tasks",
-    "long_context": "long context", "long_context_passkey": "long-context passkey grid",
-}
 
 
 def pace_points(job: JobInfo) -> list[MetricPoint]:
@@ -302,7 +296,7 @@ def wall_time_estimate(config: dict) -> tuple[float, JobInfo] | None:
 
 
 def stage_name(stage: str | None) -> str:
-    return STAGE_NAMES.get(stage, stage) if stage else ""
+    return STAGE_LABELS.get(stage, stage) if stage else ""
 
 
 def progress_fraction(job: JobInfo) -> float | None:
@@ -333,7 +327,7 @@ def report(job: JobInfo) -> dict | None:
     """The job's report (result column or ``report.json``), or None; never raises on a bad file."""
     if job.result is not None:
         return job.result
-    return read_json(job.run_dir / "report.json" if job.run_dir else None)
+    return read_json(job.run_dir / REPORT_FILE if job.run_dir else None)
 
 
 def long_context(result: dict | None) -> dict | None:
@@ -418,7 +412,7 @@ def _load(run_dir: str, stamp: float, root: str, dtype: str | None = None) -> Lo
 def loaded_model(job: JobInfo, dtype: str | None = None) -> LoadedModel:
     """The finished conversion of ``job``, loaded once per process and ``dtype`` (None: the run's;
     reloaded if its report changes)."""
-    report_file = job.run_dir / "report.json"
+    report_file = job.run_dir / REPORT_FILE
     stamp = report_file.stat().st_mtime if report_file.exists() else 0.0
     return _load(str(job.run_dir), stamp, str(workspace()), dtype)
 

@@ -32,6 +32,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from core.config import config_diff
+from core.run_folder import REPORT_FILE
 from core.workspace import runs_dir, safe_child
 from jobs import store
 from jobs.db import Database, open_db
@@ -137,7 +138,7 @@ def job_report(job_id: int, *, workspace: PathLike = None, db_url: str | None = 
     info = get_job(job_id, workspace=workspace, db_url=db_url)
     if info.result is not None:
         return info.result
-    path = info.run_dir / "report.json" if info.run_dir else None
+    path = info.run_dir / REPORT_FILE if info.run_dir else None
     return read_json(path) if path and path.exists() else None
 
 

@@ -48,6 +48,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter,
 
 from core.config import PRESET_DESCRIPTIONS, LongContextSpec
 from core.config import PRESETS as CONVERT_PRESETS
+from core.run_folder import EXPORT_CONFIG, REPORT_FILE, is_export, is_run
 from core.workspace import safe_child
 from jobs.errors import ConfigError, UnknownKind
 
@@ -229,7 +230,7 @@ def run_benchmark_job(config, run_dir: Path, progress) -> dict:
 
     config = dataclasses.replace(config, workspace=str(Path.cwd()))  # share the workspace's model cache
     result = run_benchmark(config, progress)
-    write_result(result, run_dir / "report.json")
+    write_result(result, run_dir / REPORT_FILE)
     return result
 
 
@@ -281,7 +282,6 @@ class EvaluateConfig(BaseModel):
         return LongContextSpec(lengths=self.lengths, sequences=self.sequences)
 
 
-EXPORT_CONFIG = "lolcats.json"  # an export's marker file (core.pipeline.runs.EXPORT_CONFIG, which imports torch)
 
 
 class Refused(ValueError):
@@ -293,11 +293,6 @@ class Refused(ValueError):
         self.field, self.problem = field, problem
 
 
-def _is_run(path: Path) -> bool:
-    """A conversion's run folder: its config.json and a stage checkpoint folder (file names only)."""
-    return (path / "config.json").is_file() and any((path / stage).is_dir() for stage in ("stage1", "stage2"))
-
-
 def check_evaluate(config: EvaluateConfig, workspace: Path | None) -> None:
     """Refuse at submit a config that asks for nothing, and a ``run`` that holds no converted model
     (reads file names only: no torch)."""
@@ -305,7 +300,7 @@ def check_evaluate(config: EvaluateConfig, workspace: Path | None) -> None:
         raise Refused("tasks", "nothing to evaluate: give tasks (offline, paper or lm-eval task names), "
                       "lengths (auto or token counts such as 256,1024,2048,4096), or both")
     path = Path(workspace or Path.cwd()) / config.run
-    if not (_is_run(path) or (path / EXPORT_CONFIG).is_file()):
+    if not (is_run(path) or is_export(path)):
         raise Refused("run", f"{config.run!r} is not a converted run folder (config.json and stage "
                       f"checkpoints) or an export ({EXPORT_CONFIG}); give the run folder of a "
                       "finished conversion, e.g. runs/<job id>")
@@ -365,11 +360,11 @@ def check_export(config: ExportConfig, workspace: Path | None) -> None:
     something other than an export (it is replaced), and an upload without a Hub token in the
     environment (``HF_TOKEN`` or a saved login: a token is never part of a job's config)."""
     root = Path(workspace or Path.cwd())
-    if not _is_run(root / config.run):
+    if not is_run(root / config.run):
         raise Refused("run", f"{config.run!r} is not a converted run folder (config.json and stage "
                       "checkpoints); give the run folder of a finished conversion, e.g. runs/<job id>")
     out = root / config.output
-    if out.exists() and not (out / EXPORT_CONFIG).is_file() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not is_export(out) and (not out.is_dir() or any(out.iterdir())):
         raise Refused("output", f"{config.output!r} exists and is not an export; choose another folder "
                       "(an earlier export there is replaced)")
     if config.push_to_hub:
@@ -386,7 +381,8 @@ def run_export_job(config: ExportConfig, run_dir: Path, progress) -> dict:
     folder, its files and size, the model card and the snippet that loads it."""
     import shutil
 
-    from core.pipeline.runs import CARD_FILE, export, push_to_hub  # torch loads here, in the job process only
+    from core.export.card import CARD_FILE
+    from core.export.folder import export, push_to_hub  # torch loads here, in the job process only
 
     out = Path.cwd() / config.output
     partial = out.with_name(out.name + ".partial")

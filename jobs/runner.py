@@ -38,6 +38,7 @@ import traceback
 import psutil
 
 from core.progress import StopRequested
+from core.run_folder import REPORT_FILE
 from jobs import store
 from jobs.db import DB_URL_ENV, Database, open_db
 from jobs.errors import describe_failure, traceback_tail
@@ -48,7 +49,7 @@ from jobs.progress import DbProgress
 
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED, EXIT_NOT_RUNNABLE = 0, 1, 3, 4
 SUPERVISOR_ENV = "LOLCATS_SUPERVISOR_PID"
-JOB_FILE, REPORT_FILE = "job.json", "report.json"
+JOB_FILE = "job.json"
 HEARTBEAT_ENV = "LOLCATS_HEARTBEAT_INTERVAL"
 
 

@@ -23,7 +23,8 @@ def convert(
 ) -> None:
     """Convert a model: attention transfer, then LoRA, then evaluation (writes report.json)."""
     from core.config import load_config
-    from core.pipeline.convert import REPORT_FILE, run_convert
+    from core.pipeline.convert import run_convert
+    from core.run_folder import REPORT_FILE
 
     cfg = load_config(config, preset, overrides=sets)
     out = run_path(output, workspace, preset or "run")

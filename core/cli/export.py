@@ -22,8 +22,8 @@ def export(
 ) -> None:
     """Export a standalone folder with LoRA merged: plain transformers loads it with trust_remote_code=True, and
     `lolcats chat/eval` and core.load_converted read it."""
-    from core.pipeline.runs import export as export_run
-    from core.pipeline.runs import push_to_hub as push
+    from core.export.folder import export as export_run
+    from core.export.folder import push_to_hub as push
 
     folder = export_run(run, out, workspace=workspace)
     console.print(f"exported to {folder}")

@@ -37,6 +37,7 @@ from core.eval.metrics import teacher_context
 from core.eval.pairing import CI_METHOD, paired_difference, paired_items
 from core.io import atomic_write_json
 from core.progress import NullProgress, ProgressCallback, StopRequested
+from core.run_folder import STUDENT_TASKS, TEACHER_TASKS
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 PAPER_SUITE: dict[str, int] = {"piqa": 0, "arc_easy": 0, "arc_challenge": 0, "hellaswag": 0, "winogrande": 0,
@@ -280,7 +281,7 @@ def _evaluate_batch(lm, model, tasks: dict[str, int | None], limit, manager, pro
     by_model, wall = {}, {}
     for role in ("teacher", "student"):
         progress.on_log(f"lm-eval: {role} on {', '.join(tasks)}")
-        lm.stage = f"{role}_tasks"
+        lm.stage = TEACHER_TASKS if role == "teacher" else STUDENT_TASKS
         start = time.perf_counter()
         with teacher_context(model) if role == "teacher" else contextlib.nullcontext():
             by_model[role] = run_lm_eval(lm, tasks, limit, manager)

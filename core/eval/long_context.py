@@ -35,6 +35,7 @@ from core.data import held_out_source, load_blocks
 from core.eval.metrics import passkey_prompt, teacher_context
 from core.eval.window_baseline import baselines, window_softmax
 from core.progress import NullProgress, ProgressCallback
+from core.run_folder import LONG_CONTEXT, LONG_CONTEXT_PASSKEY
 from core.train.lora import base_model
 
 BUCKET_EDGES = (0, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -164,7 +165,7 @@ def passkey_grid(model: nn.Module, tokenizer, spec: LongContextSpec, lengths: li
                     for ids, start in trials:
                         hits += passkey_hit(model, ids, start)
                         done += 1
-                        progress.on_step("long_context_passkey", done, total, {})
+                        progress.on_step(LONG_CONTEXT_PASSKEY, done, total, {})
                     row.append(hits / max(len(trials), 1))
                 rows.append(row)
             grid[name] = rows
@@ -194,7 +195,7 @@ def long_context_report(model: nn.Module, tokenizer, spec: LongContextSpec, seq_
             for ids in seqs:
                 per_seq.append(token_scores(model, ids))
                 done += 1
-                progress.on_step("long_context", done, len(contexts) * len(seqs), {})
+                progress.on_step(LONG_CONTEXT, done, len(contexts) * len(seqs), {})
         scores[name] = (torch.stack([s[0] for s in per_seq]), torch.stack([s[1] for s in per_seq]))
     summary = summarise(scores, lengths)
     labels = {b.name: b.label for b in chosen}

@@ -2,5 +2,5 @@
 
 ``teacher``: the base model an export names, swapped in for teacher comparisons; ``modeling``: the
 self-contained modeling file that lets plain transformers load an export; ``card``: its model card.
-Import the submodule you need (the writer itself is :func:`core.pipeline.runs.export`).
+``folder``: the writer (:func:`core.export.folder.export`) and the Hub upload. Import the submodule you need.
 """

@@ -16,6 +16,7 @@ from pathlib import Path
 from core.config import ConvertConfig, stored_config
 from core.config.constants import BUNDLED_MODEL, GEMMA3_MODEL, TINY_MODEL
 from core.models.sources import resolve_source
+from core.run_folder import REPORT_FILE
 
 CARD_FILE = "README.md"
 KNOWN_BASES = {  # bundled sources: (what they are, license)
@@ -119,7 +120,7 @@ def model_card(run_dir: Path, base: dict, spec: dict, folder_name: str) -> str:
     """The card's Markdown; ``base`` as :func:`core.export.teacher.base_model_metadata`, ``spec``
     the attention spec, ``folder_name`` the export's name in the loading snippet."""
     config = stored_config(json.loads((run_dir / "config.json").read_text()))
-    report_file = run_dir / "report.json"
+    report_file = run_dir / REPORT_FILE
     report = json.loads(report_file.read_text()) if report_file.is_file() else {}
     source = base["source"]
     license_ = base_model_license(source)

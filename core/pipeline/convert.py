@@ -41,12 +41,12 @@ from core.io import atomic_write_json
 from core.pipeline.prelude import save_stage_summary, stage_finished, stage_summary, start_run
 from core.pipeline.softmax_choice import check_budget, choose_softmax_layers
 from core.progress import NullProgress, ProgressCallback
+from core.run_folder import REPORT_FILE, STUDENT_EVAL, STUDENT_VAL, TEACHER_EVAL
 from core.train.distill_attention import train_stage1
 from core.train.finetune_lora import train_stage2, wrap_for_stage2
 from core.train.lora import base_model
 from core.train.loop import load_best
 
-REPORT_FILE = "report.json"
 TASKS_DIR = "tasks"
 
 
@@ -80,7 +80,7 @@ def run_convert(
         teacher_ppl = json.loads(teacher_file.read_text())["teacher_ppl"]
     else:
         t = time.perf_counter()
-        teacher_ppl = perplexity(model, eval_blocks, progress=progress, stage="teacher_eval")
+        teacher_ppl = perplexity(model, eval_blocks, progress=progress, stage=TEACHER_EVAL)
         atomic_write_json(teacher_file, {"teacher_ppl": teacher_ppl})
         timings["teacher_eval_s"] = time.perf_counter() - t
     progress.on_log(f"teacher held-out perplexity {teacher_ppl:.3f}")
@@ -135,8 +135,8 @@ def _train_or_load(model: nn.Module, output: Path, stage: str, steps: int, train
 
 def evaluate_run(model, tokenizer, config: ConvertConfig, eval_blocks, val, teacher_ppl, progress) -> dict:
     e = config.eval
-    student_ppl = perplexity(model, eval_blocks, progress=progress, stage="student_eval")
-    val_ppl = perplexity(model, val, e.ppl_blocks, progress=progress, stage="student_val")
+    student_ppl = perplexity(model, eval_blocks, progress=progress, stage=STUDENT_EVAL)
+    val_ppl = perplexity(model, val, e.ppl_blocks, progress=progress, stage=STUDENT_VAL)
     mse = per_layer_mse(model, eval_blocks, e.mse_blocks)
     key = passkey_report(model, tokenizer, e, config.seed)
     prompts = _sample_prompts(config, e.samples)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from core.run_folder import STAGE1, STAGE2, STUDENT_EVAL, STUDENT_VAL, TEACHER_EVAL
+
 TRAINING_PASSES = 3  # teacher forward, student forward, student backward per micro-batch
 
 
@@ -31,13 +33,13 @@ def _training(stage: dict[str, Any], extra: int = 0) -> float:
 def conversion_phases(config: dict[str, Any]) -> list[Phase]:
     """The phases of a conversion with the (dumped) config ``config``, in the order they run."""
     blocks = config["eval"]["ppl_blocks"]
-    phases = [Phase("teacher_eval", blocks, 1.0)]
+    phases = [Phase(TEACHER_EVAL, blocks, 1.0)]
     s1, s2 = config["stage1"], config["stage2"]
     if s1["enabled"]:
-        phases.append(Phase("stage1", s1["steps"], _training(s1)))
+        phases.append(Phase(STAGE1, s1["steps"], _training(s1)))
     if s2["enabled"]:
-        phases.append(Phase("stage2", s2["steps"], _training(s2, int(s2.get("loss") == "kl"))))
-    phases += [Phase("student_eval", blocks, 1.0), Phase("student_val", blocks, 1.0)]
+        phases.append(Phase(STAGE2, s2["steps"], _training(s2, int(s2.get("loss") == "kl"))))
+    phases += [Phase(STUDENT_EVAL, blocks, 1.0), Phase(STUDENT_VAL, blocks, 1.0)]
     return phases
 
 

@@ -2,7 +2,7 @@
 
 * Run folder (written by :func:`core.pipeline.convert.run_convert`): base model -> convert -> stage-1 best
   tensors -> the layers ``softmax_layers: auto`` chose back to softmax -> LoRA wrap -> stage-2 best tensors.
-* Export (:func:`export`): LoRA merged into the base weights, saved with ``save_pretrained``
+* Export (:func:`core.export.folder.export`): LoRA merged into the base weights, saved with ``save_pretrained``
   (feature maps and mixing factors included in the safetensors) plus ``lolcats.json`` holding
   the conversion config and the base model. Loading rebuilds the architecture and reads every
   tensor back; the teacher of an export is its base model, loaded when first needed
@@ -21,17 +21,13 @@ from torch import nn
 from core.train.checkpoint import CheckpointError, load_trainable, refuse_pickle
 from core.config import stored_attention, stored_config
 from core.attention.surgery import linearize
-from core.train.lora import merge_lora
-from core.export.teacher import TEACHER_ATTRIBUTE, ExportTeacher, base_model_metadata
-from core.export.card import CARD_FILE, model_card
-from core.export.modeling import MODEL_CLASS, MODELING_FILE, auto_map, modeling_source
+from core.export.teacher import TEACHER_ATTRIBUTE, ExportTeacher
 from core.models import resolve_device, resolve_dtype
 from core.pipeline.prelude import load_teacher
 from core.pipeline.softmax_choice import apply_saved_choice
+from core.run_folder import CONFIG_FILE, EXPORT_CONFIG, is_export, is_run
 from core.train.finetune_lora import wrap_for_stage2
 from core.train.loop import load_best
-
-EXPORT_CONFIG = "lolcats.json"
 
 
 def load_converted(path: str | os.PathLike, device: str = "auto", workspace=None,
@@ -39,13 +35,13 @@ def load_converted(path: str | os.PathLike, device: str = "auto", workspace=None
     """Rebuild the converted model in one call; returns ``(model, tokenizer, info)``.
 
     ``dtype`` (``float32``, ``bfloat16``, ``float16``): cast the rebuilt model's weights to it, e.g.
-    ``bfloat16`` for chat and benchmarks on a CPU with native bfloat16 (AMX or AVX512-BF16), where
-    it runs about twice as fast; default: the dtype the run trained in (an export: its weights')."""
+    ``bfloat16`` for chat and benchmarks (half the weights' memory); default: the dtype the run
+    trained in (an export: its weights')."""
     path = Path(path)
     refuse_pickle(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist; point to a run folder or an exported folder")
-    model, tokenizer, info = _load_export(path, device, workspace) if (path / EXPORT_CONFIG).is_file() \
+    model, tokenizer, info = _load_export(path, device, workspace) if is_export(path) \
         else _load_run(path, device, workspace)
     if dtype is not None:
         model.to(resolve_dtype(dtype))
@@ -53,9 +49,9 @@ def load_converted(path: str | os.PathLike, device: str = "auto", workspace=None
 
 
 def _load_run(path: Path, device: str, workspace) -> tuple[nn.Module, object, dict]:
-    if not (path / "config.json").is_file() or not (path / "stage1").exists() and not (path / "stage2").exists():
+    if not is_run(path):
         raise CheckpointError(f"{path} is not a converted run folder (config.json and stage checkpoints expected)")
-    config = stored_config(json.loads((path / "config.json").read_text()))
+    config = stored_config(json.loads((path / CONFIG_FILE).read_text()))
     model, tokenizer = load_teacher(config, workspace, device)
     linearize(model, config.attention)
     if (path / "stage1" / "best").exists():
@@ -68,59 +64,15 @@ def _load_run(path: Path, device: str, workspace) -> tuple[nn.Module, object, di
     return model, tokenizer, {"kind": "run", "config": config.model_dump()}
 
 
-def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=None) -> Path:
-    """Write a standalone folder with LoRA merged; :func:`load_converted` reads it back.
-
-    ``lolcats.json`` holds the attention spec, the run's config and its base model
-    (:func:`core.export.teacher.base_model_metadata`), which teacher comparisons load; the
-    folder also carries its modeling code (:func:`write_modeling_code`) and its model card
-    (:func:`core.export.card.model_card`)."""
-    model, tokenizer, info = load_converted(run_dir, device="cpu", workspace=workspace)
-    config = stored_config(info["config"])
-    model = merge_lora(model)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    write_modeling_code(out, type(model).__name__, model.lolcats_config.model_dump())
-    meta = {"linearize": model.lolcats_config.model_dump(),
-            "base_model": base_model_metadata(config.model.model_dump(), model),
-            "config": config.model_dump(), "source_run": str(Path(run_dir).resolve())}
-    (out / EXPORT_CONFIG).write_text(json.dumps(meta, indent=2))
-    (out / CARD_FILE).write_text(model_card(Path(run_dir), meta["base_model"], meta["linearize"], out.name))
-    return out
-
-
-def push_to_hub(folder: str | os.PathLike, repo_id: str, private: bool = False) -> str:
-    """Upload an exported folder to the Hugging Face Hub repository ``repo_id`` (created if needed,
-    with the token of ``huggingface-cli login`` or ``HF_TOKEN``); returns the commit URL."""
-    from huggingface_hub import HfApi
-
-    api = HfApi()
-    api.create_repo(repo_id, private=private, exist_ok=True)
-    return str(api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message="LoLCATs export"))
-
-
 def _export_base_model(meta: dict) -> dict | None:
     """The base model an export names; for an export from before it was recorded, the one in its
     source run's config.json when that run folder still exists."""
     if meta.get("base_model"):
         return meta["base_model"]
-    run_config = Path(meta.get("source_run", "")) / "config.json"
+    run_config = Path(meta.get("source_run", "")) / CONFIG_FILE
     if meta.get("source_run") and run_config.is_file():
         return json.loads(run_config.read_text())["model"]
     return None
-
-
-def write_modeling_code(out: Path, base_class: str, spec: dict) -> None:
-    """Make ``out`` loadable by plain transformers: the generated ``modeling_lolcats.py``
-    (:mod:`core.export.modeling`) and, in ``config.json``, ``auto_map`` pointing at it, the
-    ``architectures`` it defines and ``lolcats``, the attention spec it converts with."""
-    (out / MODELING_FILE).write_text(modeling_source(base_class))
-    config_file = out / "config.json"
-    config = json.loads(config_file.read_text())
-    config.update({"architectures": [MODEL_CLASS], "auto_map": auto_map(), "lolcats": spec})
-    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _load_base_architecture(path: Path) -> tuple[nn.Module, object]:

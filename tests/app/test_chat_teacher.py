@@ -14,7 +14,9 @@ from torch import nn
 from app import generation
 from core.export.teacher import TEACHER_ATTRIBUTE, ExportTeacher
 from core.models import load_model
-from core.pipeline.runs import EXPORT_CONFIG, export, load_converted
+from core.export.folder import export
+from core.pipeline.runs import load_converted
+from core.run_folder import EXPORT_CONFIG
 from tests.tiny_runs import convert_tiny, merged_weights_with_softmax
 
 

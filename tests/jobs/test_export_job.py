@@ -79,7 +79,7 @@ def test_the_checks_at_submit(tiny_ws, monkeypatch):
 
 
 def test_a_failed_export_leaves_the_earlier_one_whole(tiny_ws, monkeypatch):
-    import core.pipeline.runs as runs
+    import core.export.folder as runs
 
     monkeypatch.chdir(tiny_ws)
     config = ExportConfig(run="runs/tiny")

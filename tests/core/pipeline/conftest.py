@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.pipeline.runs import export
+from core.export.folder import export
 from core.progress import RecordingProgress
 from tests.tiny_runs import convert_tiny
 

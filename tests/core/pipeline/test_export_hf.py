@@ -16,7 +16,8 @@ import torch
 from core.config import preset
 from core.export.modeling import MODEL_CLASS, MODELING_FILE, modeling_source
 from core.pipeline.convert import run_convert
-from core.pipeline.runs import export, load_converted
+from core.export.folder import export
+from core.pipeline.runs import load_converted
 
 IDS = torch.randint(5, 1000, (2, 40), generator=torch.Generator().manual_seed(0))
 NEW_TOKENS = 24

@@ -9,7 +9,8 @@ import torch
 import core
 from core.config import ConfigError, preset
 from core.pipeline.convert import run_convert
-from core.pipeline.runs import export, load_converted
+from core.export.folder import export
+from core.pipeline.runs import load_converted
 from core.pipeline.softmax_choice import CHOICE_FILE
 from core.progress import RecordingProgress, StopRequested
 from tests.tiny_runs import convert_tiny

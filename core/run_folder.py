@@ -1,0 +1,48 @@
+"""The layout of a run folder and of an export, and the progress stages a run reports: the one home
+of these names (torch-free, so the job queue and the workbench read them at no cost).
+
+A run folder (``lolcats convert -o DIR``, a conversion job's ``runs/<id>``) holds ``config.json``
+(:data:`CONFIG_FILE`), a checkpoint folder per trained stage (:data:`STAGE_DIRS`) and, once
+finished, ``report.json`` (:data:`REPORT_FILE`). An export (``lolcats export``) is a folder that
+plain transformers loads, marked by ``lolcats.json`` (:data:`EXPORT_CONFIG`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CONFIG_FILE = "config.json"
+REPORT_FILE = "report.json"
+EXPORT_CONFIG = "lolcats.json"
+STAGE_DIRS = ("stage1", "stage2")
+
+# progress stages (core.progress.ProgressCallback.on_step) in the order a conversion runs them, with
+# what the workbench calls them; a benchmark reports BENCH
+TEACHER_EVAL, STAGE1, STAGE2 = "teacher_eval", "stage1", "stage2"
+STUDENT_EVAL, STUDENT_VAL = "student_eval", "student_val"
+LONG_CONTEXT, LONG_CONTEXT_PASSKEY = "long_context", "long_context_passkey"
+TEACHER_TASKS, STUDENT_TASKS = "teacher_tasks", "student_tasks"
+BENCH = "bench"
+STAGE_LABELS = {
+    TEACHER_EVAL: "teacher perplexity", STAGE1: "stage 1: attention transfer", STAGE2: "stage 2: LoRA",
+    STUDENT_EVAL: "student perplexity", STUDENT_VAL: "student validation",
+    LONG_CONTEXT: "long context", LONG_CONTEXT_PASSKEY: "long-context passkey grid",
+    TEACHER_TASKS: "teacher tasks", STUDENT_TASKS: "student tasks", BENCH: "benchmark",
+}
+
+
+def is_run(path: str | os.PathLike) -> bool:
+    """A conversion's run folder: its config and a stage checkpoint folder (file names only)."""
+    path = Path(path)
+    return (path / CONFIG_FILE).is_file() and any((path / stage).is_dir() for stage in STAGE_DIRS)
+
+
+def is_export(path: str | os.PathLike) -> bool:
+    """An exported model folder (its ``lolcats.json``)."""
+    return (Path(path) / EXPORT_CONFIG).is_file()
+
+
+__all__ = ["BENCH", "CONFIG_FILE", "EXPORT_CONFIG", "LONG_CONTEXT", "LONG_CONTEXT_PASSKEY", "REPORT_FILE", "STAGE1",
+           "STAGE2", "STAGE_DIRS", "STAGE_LABELS", "STUDENT_EVAL", "STUDENT_TASKS", "STUDENT_VAL", "TEACHER_EVAL",
+           "TEACHER_TASKS", "is_export", "is_run"]
