@@ -47,9 +47,15 @@ def _database(root: str):
 
 
 def workspace() -> Path:
-    """The workspace folder (``LOLCATS_WORKSPACE``, else ``./workspace``); its database is opened once."""
+    """The workspace folder (``LOLCATS_WORKSPACE``, else ``./workspace``); its database is opened once.
+    A database that cannot be opened (damaged, locked too long) ends the page with the reason and
+    the fix instead of a traceback; the next page load tries again."""
     root = workspace_root(None)
-    _database(str(root))
+    try:
+        _database(str(root))
+    except JobsError as exc:
+        st.error(str(exc), icon=":material/error:")
+        st.stop()
     return root
 
 

@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, select, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import Session
 
 from core.workspace import workspace_root
-from jobs.errors import DatabaseBusyError, JobsError
+from jobs.errors import DatabaseBusyError, DatabaseDamagedError, JobsError
 from jobs.models import Base, SchemaVersion
 
 T = TypeVar("T")
@@ -137,11 +137,24 @@ class Database:
 
     def write(self, fn: Callable[[Session], T], *, what: str = "database write", timeout: float | None = None) -> T:
         """Run ``fn(session)`` in one write transaction, retried while the database is locked."""
-        return retry_on_lock(lambda: self._transaction(fn, self._write_engine), what=what, timeout=timeout)
+        return self._run(lambda: self._transaction(fn, self._write_engine), what, timeout)
 
     def read(self, fn: Callable[[Session], T], *, what: str = "database read", timeout: float | None = None) -> T:
         """Run ``fn(session)`` in one read transaction, retried while the database is locked."""
-        return retry_on_lock(lambda: self._transaction(fn, self.engine), what=what, timeout=timeout)
+        return self._run(lambda: self._transaction(fn, self.engine), what, timeout)
+
+    def _run(self, call: Callable[[], T], what: str, timeout: float | None) -> T:
+        try:
+            return retry_on_lock(call, what=what, timeout=timeout)
+        except DatabaseError as exc:
+            if isinstance(exc, OperationalError) or not _damaged(exc):
+                raise
+            where = self.url.removeprefix("sqlite:///")
+            raise DatabaseDamagedError(
+                f"{what}: the job database {where} is damaged ({exc.orig}); move it aside (for example: mv "
+                f"{where} {where}.damaged) and start again with a new, empty one: the run folders in the "
+                "workspace are untouched, only the job list and its logs are lost"
+            ) from None
 
 
 _engines: dict[tuple[str, str, int], Database] = {}
@@ -164,6 +177,12 @@ def open_db(workspace: str | os.PathLike | None = None, db_url: str | None = Non
             _ensure_schema(db)
             _engines[key] = db
     return db
+
+
+def _damaged(exc: DatabaseError) -> bool:
+    """SQLite's errors for a file that is not a database or whose pages are corrupt."""
+    text = str(exc.orig).lower()
+    return "not a database" in text or "malformed" in text or "corrupt" in text
 
 
 def close_all() -> None:

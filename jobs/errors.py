@@ -20,6 +20,10 @@ class DatabaseBusyError(JobsError):
     """The database stayed locked by another process for longer than the retry budget."""
 
 
+class DatabaseDamagedError(JobsError):
+    """The database file is not a database or is corrupt; the message says how to start afresh."""
+
+
 class JobNotFound(JobsError):
     def __init__(self, job_id: int):
         super().__init__(f"no job with id {job_id}; `lolcats jobs list` shows the existing jobs")

@@ -268,3 +268,10 @@ def test_an_active_job_cannot_be_deleted(fresh_ws):
     api.cancel_job(queued, workspace=fresh_ws)
     api.delete_job(queued, keep_files=True, workspace=fresh_ws)
     assert api.list_jobs(workspace=fresh_ws) == [] and api.job_events(queued, workspace=fresh_ws) == []
+
+
+def test_a_damaged_database_is_shown_not_a_traceback(fresh_ws):
+    (fresh_ws / "workbench.db").write_bytes(bytes(range(256)) * 20)
+    at = open_page("views/jobs.py")
+    assert not at.exception
+    assert any("the job database" in e.value and "is damaged" in e.value for e in at.error), [e.value for e in at.error]

@@ -270,3 +270,28 @@ def test_database_url_can_point_outside_the_workspace(tmp_path):
     info = api.submit_job("selftest", {"steps": 1}, workspace=tmp_path / "ws", db_url=url)
     assert (tmp_path / "shared.db").exists() and not (tmp_path / "ws" / "workbench.db").exists()
     assert [j.id for j in api.list_jobs(workspace=tmp_path / "ws", db_url=url)] == [info.id]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_database_is_one_clear_error(tmp_path, damage):
+    """A truncated or overwritten workbench.db: every call says it is damaged and how to start afresh
+    (one line, no traceback), and a new database beside the run folders works."""
+    from jobs.db import close_all
+    from jobs.errors import DatabaseDamagedError
+
+    ws = tmp_path / "ws"
+    api.submit_job("selftest", {"steps": 2}, workspace=ws)
+    close_all()
+    path = ws / "workbench.db"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3] if damage == "truncated" else bytes(range(256)) * 20)
+    for name in ("workbench.db-wal", "workbench.db-shm"):
+        (ws / name).unlink(missing_ok=True)
+    (ws / "runs" / "1").mkdir(parents=True, exist_ok=True)
+    with pytest.raises(DatabaseDamagedError) as err:
+        api.list_jobs(workspace=ws)
+    message = str(err.value)
+    assert "\n" not in message and f"mv {path} {path}.damaged" in message and "run folders" in message
+    close_all()
+    path.rename(path.with_name("workbench.db.damaged"))
+    assert api.list_jobs(workspace=ws) == [] and (ws / "runs" / "1").is_dir()
