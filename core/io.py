@@ -6,7 +6,8 @@ half-written one.
 Contract: :func:`atomic_write_text` writes a temporary file in the same folder, flushes and
 fsyncs it, then ``os.replace``-s it over the target (atomic on POSIX and Windows). If anything
 fails before the rename (disk full, an exception while serialising, the process killed), the
-previous file is untouched and the temporary file is removed when possible.
+previous file is untouched and the temporary file is removed when possible; an ``OSError``
+(a full disk) names the target file.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.filename is None:  # a failed write or fsync does not name the file: name the target
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -6,6 +6,7 @@ the cause and the fix; the CLI prints it as one line, the app shows it as is.
 
 from __future__ import annotations
 
+import errno
 import traceback
 
 from core.config import ConfigError as CoreConfigError
@@ -82,6 +83,10 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 def describe_failure(exc: BaseException) -> str:
     """The one-line message stored as a failed job's ``error``."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {exc.filename}" if exc.filename else ""
+        return (f"the disk is full ({exc.strerror}{where}). Fix: free space on that disk (or move the workspace), "
+                "then resume: what the job saved before is kept")
     if is_out_of_memory(exc):
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"{OOM_HINT} ({type(exc).__name__}: {detail[:300]})"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -295,3 +297,36 @@ def test_a_damaged_database_is_one_clear_error(tmp_path, damage):
     close_all()
     path.rename(path.with_name("workbench.db.damaged"))
     assert api.list_jobs(workspace=ws) == [] and (ws / "runs" / "1").is_dir()
+
+
+def test_a_full_disk_on_the_report_write_fails_the_job_clearly_and_keeps_the_old_report(ws, monkeypatch):
+    """ENOSPC while the runner writes report.json: the job fails with one line naming the file and
+    the fix, the report an earlier attempt wrote is intact, and the job resumes once there is room."""
+    import errno
+
+    import core.io
+    from jobs import runner
+
+    db = open_db(ws)
+    job_id = api.submit_job("selftest", {"steps": 2, "step_seconds": 0.0}, workspace=ws).id
+    report = ws / "runs" / str(job_id) / "report.json"
+    report.parent.mkdir(parents=True)
+    report.write_text('{"earlier": true}')
+    real_fsync = core.io.os.fsync
+
+    def full(fd):  # the disk fills up exactly when the report is written
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".report.json."):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    store.claim_next_job(db, "here:1:1")
+    monkeypatch.setattr(core.io.os, "fsync", full)
+    assert runner.run_job(db, job_id) == runner.EXIT_FAILED
+    info = api.get_job(job_id, workspace=ws)
+    assert info.error == (f"the disk is full (No space left on device writing {report}). Fix: free space on that "
+                          "disk (or move the workspace), then resume: what the job saved before is kept")
+    assert report.read_text() == '{"earlier": true}' and [p.name for p in report.parent.glob(".*tmp")] == []
+    monkeypatch.setattr(core.io.os, "fsync", real_fsync)
+    api.resume_job(job_id, workspace=ws)
+    store.claim_next_job(db, "here:1:1")
+    assert runner.run_job(db, job_id) == runner.EXIT_OK and json.loads(report.read_text())["steps"] == 2
