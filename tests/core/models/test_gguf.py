@@ -149,3 +149,47 @@ def test_tiny_model_takes_the_bundled_tokenizer_without_its_weights(bundled, tmp
     text = "In the beginning God created the heaven and the earth.\n<|im_start|>user"
     assert tiny(text).input_ids == tokenizer(text).input_ids
     assert tiny.get_vocab() == tokenizer.get_vocab() and tiny.chat_template == tokenizer.chat_template
+
+
+@pytest.mark.slow
+def test_two_processes_materialise_the_bundled_model_at_once(tmp_path):
+    """Two workers loading the bundled model into one workspace at the same time: both get the
+    model, one folder is kept, no temporary folder is left."""
+    import subprocess
+    import sys
+
+    workspace = tmp_path / "ws"
+    script = ("import sys; from core.models import BUNDLED_MODEL, load_model; "
+              "m, t = load_model(BUNDLED_MODEL, workspace=sys.argv[1], device='cpu'); "
+              "print(m.config.num_hidden_layers, t.eos_token)")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(workspace)], cwd=root, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+        assert out.split() == ["30", "<|im_end|>"]
+    assert [p.name for p in (workspace / "models").iterdir()] == [BUNDLED_MODEL]
+    assert (workspace / "models" / BUNDLED_MODEL / gguf_source.PROVENANCE_FILE).is_file()
+
+
+@pytest.mark.slow
+def test_a_user_gguf_file_loads_end_to_end(bundled, tmp_path):
+    """A .gguf of the user's own (a copy of the bundled file elsewhere): materialised beside the
+    workspace's models, it gives the same logits as the bundled model and answers the same."""
+    import shutil
+
+    _, model, tokenizer = bundled
+    mine = tmp_path / "downloads" / "my-smollm.gguf"
+    mine.parent.mkdir()
+    shutil.copy(gguf_source.bundled_gguf_path(), mine)
+    workspace = tmp_path / "ws"
+    theirs, their_tokenizer = load_model(str(mine), workspace=workspace, device="cpu")
+    ids = tokenizer("The cat sat on the mat because", return_tensors="pt").input_ids
+    assert their_tokenizer("The cat sat on the mat because", return_tensors="pt").input_ids.equal(ids)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, model(ids).logits, rtol=0, atol=0)
+    assert greedy_chat(theirs, their_tokenizer, "What is the capital of France?") == greedy_chat(
+        model, tokenizer, "What is the capital of France?")
+    assert json.loads((gguf_source.gguf_cache_dir(mine, workspace) / gguf_source.PROVENANCE_FILE).read_text()
+                      )["gguf_file"] == str(mine)
