@@ -89,3 +89,25 @@ def native_figures(report: Any) -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001 - a report of another shape
         return None
     return figs if isinstance(figs, dict) and figs else None
+
+
+def timing_note(report: Any) -> str | None:
+    """What a ``core.bench`` report's times are, from its ``timing`` section (None for a report
+    without one: another tool's, or one written before the section existed)."""
+    timing = report.get("timing") if isinstance(report, dict) else None
+    if not isinstance(timing, dict):
+        return None
+    repeats, warm = _int(timing.get("repeats")) or 1, _int(timing.get("warmup_runs")) or 0
+    steps = _int(timing.get("warmup_decode_steps")) or 0
+    timed = "once" if repeats == 1 else f"{repeats} times (medians shown)"
+    before = (f"after {warm} untimed warm-up run{_s(warm)} of the same point (its prefill and {steps} decode "
+              f"step{_s(steps)})" if warm else "with no warm-up run, so its first run may include start-up costs "
+              "such as kernel compilation")
+    return (f"Each point is timed {timed}, {before}. Prefill and decode are timed separately: prefill tokens/s from "
+            "the time to the first token, decode tokens/s from the median decode step. Peak memory is the largest "
+            "over the timed runs.")
+
+
+def _s(n: int) -> str:
+    """The plural ending of a count: ``s`` unless ``n`` is 1."""
+    return "" if n == 1 else "s"

@@ -20,6 +20,8 @@ COLORS = {"teacher": "#1f77b4", "student": "#d62728"}  # also the order models a
 BENCH_COLORS = {**COLORS, "floor": "#7f7f7f"}  # benchmarks also draw the attention-free floor
 DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]  # one per group of fixed factors
 GIB = 1024**3
+MEMORY_UNIT = "GiB"  # the one unit of benchmark memory, in charts and tables: bytes / GIB
+RATIO_FORMAT = ".3f"  # ratios near 1 (student / teacher), as common.fmt_ratio: 1.0012 reads 1.001, never 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -203,8 +205,20 @@ THROUGHPUT_METRICS = {
     "tokens_per_second": "tokens/s (prefill + decode)",
     "decode_tokens_per_second": "decode tokens/s",
     "prefill_tokens_per_second": "prefill tokens/s",
-    "peak_memory_bytes": "peak memory (MiB)",
+    "peak_memory_bytes": f"peak memory ({MEMORY_UNIT})",
 }
+# the factors a benchmark chart is drawn against, by their keys in app.bench_results.normalise and in core.bench
+FACTORS = {"batch_size": "batch size", "context_length": "context length", "prompt_length": "context length"}
+
+
+def axis_label(x: str) -> str:
+    """The axis title of factor ``x``: ``batch size``, ``context length (prompt tokens)``."""
+    return FACTORS[x] + ("" if x == "batch_size" else " (prompt tokens)")
+
+
+def varies(points: Sequence[dict[str, Any]], x: str) -> bool:
+    """Whether ``points`` take more than one value of ``x``: a chart against ``x`` needs two."""
+    return len({p.get(x) for p in points}) > 1
 
 
 def throughput_figure(points: Sequence[dict[str, Any]], x: str, metric: str) -> go.Figure:
@@ -220,7 +234,7 @@ def throughput_figure(points: Sequence[dict[str, Any]], x: str, metric: str) -> 
         groups.setdefault(tuple(p.get(k) for k in others), []).append(p)
     varied = {k: v for k, v in groups.items() if len({p.get(x) for p in v}) > 1} or groups
     dashes = ["solid", "dash", "dot", "dashdot"]
-    scale = 1024**2 if metric.endswith("_bytes") else 1.0
+    scale = GIB if metric.endswith("_bytes") else 1.0
     for gi, (key, pts) in enumerate(sorted(varied.items(), key=lambda kv: str(kv[0]))):
         fixed = ", ".join(f"{k.split('_')[0]}={v}" for k, v in zip(others, key) if v is not None)
         for model in BENCH_COLORS:
@@ -233,7 +247,7 @@ def throughput_figure(points: Sequence[dict[str, Any]], x: str, metric: str) -> 
                 name=f"{model} ({fixed})" if fixed else model,
                 line={"color": BENCH_COLORS[model], "dash": dashes[gi % len(dashes)]},
             ))
-    label = {"batch_size": "batch size", "context_length": "context length (prompt tokens)"}[x]
+    label = axis_label(x)
     fig.update_layout(title=f"{THROUGHPUT_METRICS.get(metric, metric)} vs {label}", template=TEMPLATE,
                       xaxis_title=label, yaxis_title=THROUGHPUT_METRICS.get(metric, metric), height=380,
                       margin={"t": 60, "b": 40})
@@ -260,7 +274,7 @@ def _fixed_label(x: str, key: tuple) -> str:
 
 def _bench_figure(result: dict, x: str, panels: list[tuple[str, str, float]], title: str, log_y: bool) -> go.Figure:
     """One row of panels (``(metric, y label, scale)``) against ``x``; OOM points are named in the title."""
-    xlabel = {"batch_size": "batch size", "prompt_length": "context length (prompt tokens)"}[x]
+    xlabel = axis_label(x)
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[1] for p in panels])
     groups = _bench_groups(result["points"], x)
     ooms = []
@@ -297,7 +311,8 @@ def _bench_figure(result: dict, x: str, panels: list[tuple[str, str, float]], ti
 def benchmark_figures(result: dict[str, Any]) -> dict[str, go.Figure]:
     """Figures of a :func:`core.bench.run_benchmark` result: throughput and peak memory against batch size and
     against context length, teacher vs student (and the attention-free floor where measured). Keys:
-    ``throughput_vs_batch``, ``throughput_vs_context``, ``memory_vs_batch``, ``memory_vs_context``,
+    ``throughput_vs_batch``, ``throughput_vs_context``, ``memory_vs_batch``, ``memory_vs_context``
+    (those against a factor the points hold at one value are left out: :func:`varies`),
     ``floor_gap`` (:func:`floor_gap_figure`) when the floor was measured and ``capacity``
     (:func:`capacity_figure`) for a capacity run. A capacity run alone has only ``capacity``."""
     if not result.get("points") and result.get("capacity"):
@@ -307,14 +322,15 @@ def benchmark_figures(result: dict[str, Any]) -> dict[str, go.Figure]:
         ("decode_tokens_per_second", "decode tokens/s", 1.0),
     ]
     memory = [
-        ("peak_memory_bytes", "peak memory, prefill + decode (GiB)", GIB),
-        ("decode_peak_memory_bytes", "peak memory while decoding (GiB)", GIB),
+        ("peak_memory_bytes", f"peak memory, prefill + decode ({MEMORY_UNIT})", GIB),
+        ("decode_peak_memory_bytes", f"peak memory while decoding ({MEMORY_UNIT})", GIB),
     ]
+    axes = {x: key for x, key in (("batch_size", "batch"), ("prompt_length", "context")) if varies(result["points"], x)}
     return {
-        "throughput_vs_batch": _bench_figure(result, "batch_size", throughput, "Throughput vs batch size", True),
-        "throughput_vs_context": _bench_figure(result, "prompt_length", throughput, "Throughput vs context length", True),
-        "memory_vs_batch": _bench_figure(result, "batch_size", memory, "Peak memory vs batch size", False),
-        "memory_vs_context": _bench_figure(result, "prompt_length", memory, "Peak memory vs context length", False),
+        **{f"throughput_vs_{key}": _bench_figure(result, x, throughput, f"Throughput vs {FACTORS[x]}", True)
+           for x, key in axes.items()},
+        **{f"memory_vs_{key}": _bench_figure(result, x, memory, f"Peak memory vs {FACTORS[x]}", False)
+           for x, key in axes.items()},
         **({"floor_gap": floor_gap_figure(result)} if any("prefill_vs_floor" in c for c in result.get("comparisons", [])) else {}),
         **({"capacity": capacity_figure(result["capacity"])} if result.get("capacity") else {}),
     }
@@ -333,7 +349,9 @@ def floor_gap_figure(result: dict[str, Any]) -> go.Figure:
         for name, key, colour in bars:
             field = f"floor_{phase}_speedup" if key == "floor_speedup" else f"{phase}_{key}"
             fig.add_trace(go.Bar(x=labels, y=[c[field] for c in rows], name=name, legendgroup=name, showlegend=col == 1,
-                                 marker={"color": colour}), row=1, col=col)
+                                 marker={"color": colour},
+                                 hovertemplate=f"%{{x}}<br>{phase} {name} %{{y:{RATIO_FORMAT}}}<extra></extra>"),
+                          row=1, col=col)
     fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
     fig.update_yaxes(title_text="ratio of tokens/s", row=1, col=1)
     fig.update_layout(title_text="Speed against the teacher and the attention-free floor", template=TEMPLATE,
@@ -346,7 +364,8 @@ def capacity_figure(capacity: dict[str, Any]) -> go.Figure:
     size and the measured peak memory against batch size with the budget as a line, per model and
     context length, from the trials that ran; the largest batch within the budget is ringed, and
     trials out of memory or over the budget are named in the title."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["decode tokens/s", "peak memory while decoding (GiB)"])
+    fig = make_subplots(rows=1, cols=2,
+                        subplot_titles=["decode tokens/s", f"peak memory while decoding ({MEMORY_UNIT})"])
     over = []
     for gi, context in enumerate(capacity.get("contexts", [])):
         for model, found in context.get("models", {}).items():
@@ -428,7 +447,7 @@ def retention_bars(runs: dict[str, dict[str, dict]]) -> go.Figure:
     for label, results in runs.items():
         tasks = list(results)
         fig.add_trace(go.Bar(x=tasks, y=[retention(results[t]) for t in tasks], name=label,
-                             hovertemplate="%{x}<br>student / teacher %{y:.3f}<extra>" + label + "</extra>"))
+                             hovertemplate=f"%{{x}}<br>student / teacher %{{y:{RATIO_FORMAT}}}<extra>{label}</extra>"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
     fig.update_layout(title="Retention: student / teacher", template=TEMPLATE, barmode="group", xaxis_title="task",
                       yaxis_title="student / teacher", height=360, margin={"t": 60, "b": 40})
@@ -467,8 +486,8 @@ def position_ratios(section: dict[str, Any]) -> go.Figure:
         fig.add_trace(go.Scatter(
             x=x, y=[r[key] for r in rows], mode="lines+markers", name=name, line=line,
             customdata=[r["teacher_ppl"] for r in rows],
-            hovertemplate="positions %{x}<br>ppl / teacher's %{y:.3f}<br>teacher ppl %{customdata:.3f}<extra>"
-                          + name + "</extra>"))
+            hovertemplate=f"positions %{{x}}<br>ppl / teacher's %{{y:{RATIO_FORMAT}}}"
+                          f"<br>teacher ppl %{{customdata:.3f}}<extra>{name}</extra>"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="gray", annotation_text="teacher")
     fig.update_layout(title=f"Perplexity / teacher's by position (trained on {section['train_seq_len']} tokens)",
                       template=TEMPLATE, xaxis_title="position of the predicted token",
@@ -498,4 +517,78 @@ def passkey_heatmaps(passkey: dict[str, Any], window_label: str) -> go.Figure:
                       height=max(320, 160 + 60 * len(lengths)), margin={"t": 80, "b": 40},
                       coloraxis={"colorscale": "Viridis", "cmin": 0.0, "cmax": 1.0,
                                  "colorbar": {"title": {"text": "accuracy"}}})
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers over training
+# ----------------------------------------------------------------------------------------------
+
+
+def layer_step_heatmap(rows: Sequence[dict], *, title: str) -> go.Figure:
+    """Layers x steps: ``rows`` are dicts with ``layer``, ``step``, ``value``; one row per layer (layer 0
+    on top, every layer labelled), one column per step, colour the log10 of the value. A cell without a
+    positive value is blank; the last row of a (layer, step) pair wins."""
+    layers = sorted({r["layer"] for r in rows})
+    steps = sorted({r["step"] for r in rows})
+    value = {(r["layer"], r["step"]): r["value"] for r in rows}
+    mse = [[value.get((layer, step)) for step in steps] for layer in layers]
+    fig = go.Figure(go.Heatmap(
+        x=steps, y=[f"layer {layer}" for layer in layers], customdata=mse,
+        z=[[math.log10(v) if v and v > 0 else None for v in row] for row in mse],
+        colorscale="Viridis", colorbar={"title": {"text": "log10 MSE"}},
+        hovertemplate="%{y}<br>step %{x}<br>MSE %{customdata:.3g}<extra></extra>"))
+    fig.update_layout(title=title, template=TEMPLATE, xaxis_title="training step", height=140 + 16 * len(layers),
+                      margin={"t": 60, "b": 40})
+    fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=[f"layer {layer}" for layer in layers],
+                     tickfont={"size": 10 if len(layers) > 24 else 12})
+    _integer_steps(fig, steps)
+    return fig
+
+
+def chosen_layer_curves(train: Sequence[dict], val: Sequence[dict], layers: Sequence[int], *,
+                        log_y: bool = True) -> go.Figure:
+    """The training (solid line) and validation (dashed, markers) curves of ``layers``, one distinct
+    colour per layer; ``train`` and ``val`` are rows with ``layer``, ``step``, ``value``. A layer
+    without validation rows has its training line only."""
+    import plotly.colors as pc
+
+    palette = pc.qualitative.D3
+    fig = go.Figure()
+    for i, layer in enumerate(layers):
+        colour = palette[i % len(palette)]
+        for rows, kind, dash in ((train, "training", "solid"), (val, "validation", "dash")):
+            pts = sorted(((r["step"], r["value"]) for r in rows if r["layer"] == layer))
+            if pts:
+                fig.add_trace(go.Scatter(
+                    x=[s for s, _ in pts], y=[v for _, v in pts], name=f"layer {layer} ({kind})",
+                    mode="lines" if kind == "training" else "lines+markers", line={"color": colour, "dash": dash},
+                    hovertemplate=f"layer {layer} {kind}<br>step %{{x}}<br>MSE %{{y:.3g}}<extra></extra>"))
+    fig.update_layout(title="Chosen layers: attention MSE during stage 1", template=TEMPLATE,
+                      xaxis_title="training step", yaxis_title="attention-output MSE", height=400,
+                      margin={"t": 60, "b": 40})
+    _integer_steps(fig, [r["step"] for r in train])
+    if log_y:
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def final_layer_mse(per_job: dict[str, Sequence[float]], softmax_layers: dict[str, Iterable[int]] | None = None, *,
+                    log_y: bool = True) -> go.Figure:
+    """Final per-layer MSE (``report.json`` ``per_layer_mse``), one colour per job: points joined by
+    lines on a log axis (a bar's height means nothing there), grouped bars (:func:`layer_bars`) on a
+    linear one. A value that is null or not positive (a layer kept softmax) has no point."""
+    if not log_y:
+        return layer_bars(per_job, softmax_layers, log_y=False)
+    fig = go.Figure()
+    for name, values in per_job.items():
+        kept = set((softmax_layers or {}).get(name, ()))
+        fig.add_trace(go.Scatter(
+            x=list(range(len(values))), y=[v if v and v > 0 else None for v in values], name=name,
+            text=["softmax" if i in kept else "" for i in range(len(values))], mode="lines+markers",
+            hovertemplate="layer %{x}<br>MSE %{y:.3g}<extra>" + name + "</extra>"))
+    fig.update_layout(title="Final per-layer attention MSE (held-out text)", template=TEMPLATE, xaxis_title="layer",
+                      yaxis_title="attention-output MSE", height=400, margin={"t": 60, "b": 40})
+    fig.update_xaxes(dtick=1 if max((len(v) for v in per_job.values()), default=0) <= 32 else None)
+    fig.update_yaxes(type="log")
     return fig

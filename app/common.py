@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
+from app.charts import RATIO_FORMAT
 from app.navigation import page
 from app.progress import PACE_METRICS, estimate_seconds, overall_progress, pace, seconds_per_unit
 from core.config import PRESET_DESCRIPTIONS, preset
@@ -217,7 +218,7 @@ def fmt_number(value: float | None, digits: int = 4) -> str:
 
 def fmt_ratio(value: float | None) -> str:
     """A perplexity ratio with 3 decimals (1.0012 reads 1.001, never 1), ``n/a`` when unknown."""
-    return f"{value:.3f}" if _finite(value) else "n/a"
+    return format(value, RATIO_FORMAT) if _finite(value) else "n/a"
 
 
 # ----------------------------------------------------------------------------------------------

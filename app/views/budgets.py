@@ -52,7 +52,8 @@ def _table(result: dict) -> pd.DataFrame:
 
 def _sweep(job: JobInfo, result: dict) -> None:
     st.plotly_chart(tradeoff_figure(result), key=f"budgets_tradeoff_{job.id}")
-    st.dataframe(_table(result), hide_index=True, width="stretch")
+    st.dataframe(_table(result), hide_index=True, width="stretch",
+                 column_config={"ppl ratio": st.column_config.NumberColumn(format=f"%{charts.RATIO_FORMAT}")})
     scores = result.get("layer_scores") or []
     if scores:
         kept = max(result["rows"], key=lambda r: r["budget"])["softmax_layers"]

@@ -114,8 +114,8 @@ def main() -> None:
         return
     job = common.conversion_picker(jobs, "chat_conversion")
     precision = st.radio("Precision", list(PRECISIONS), horizontal=True, key="chat_precision",
-                         help="bfloat16 answers about twice as fast on a CPU with AMX or AVX512-BF16 (and on GPUs), "
-                              "at bfloat16's precision; both models use the same")
+                         help="bfloat16 holds the weights in half the memory, at bfloat16's precision (its speed "
+                              "depends on the CPU's bfloat16 support); both models use the same")
     try:
         lm = common.loaded_model(job, PRECISIONS[precision])
     except Exception as exc:  # noqa: BLE001 - a run folder that cannot be loaded: say why

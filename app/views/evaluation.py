@@ -106,7 +106,8 @@ def _compare(sources: list[tuple[JobInfo, dict[str, dict]]]) -> None:
     st.caption("Bars: the headline metric of each task (acc_norm for ARC-challenge and HellaSwag, else acc), error "
                "bars ±1 standard error. diff is student − teacher on the same items, with its 95% paired-bootstrap "
                "interval: an interval that excludes 0 is a real change.")
-    st.dataframe(_table(runs), hide_index=True, width="stretch")
+    st.dataframe(_table(runs), hide_index=True, width="stretch",
+                 column_config={"retention": st.column_config.NumberColumn(format=f"%{charts.RATIO_FORMAT}")})
 
 
 def _long_context_sources(job: JobInfo) -> list[tuple[str, dict]]:
@@ -144,7 +145,12 @@ def _long_context(conversions: list[JobInfo]) -> None:
                                                 if dropped else ""))
     for line in section.get("verdict", []):
         (st.error if "WORSE" in line else st.success)(f"{line[:1].upper()}{line[1:]}.")
-    st.plotly_chart(charts.position_ratios(section), key="long_positions")
+    buckets = section["by_position"]
+    if len(buckets) > 1:
+        st.plotly_chart(charts.position_ratios(section), key="long_positions")
+    elif buckets:
+        st.caption(f"No chart by position: every evaluated position ({buckets[0]['start']}-{buckets[0]['end']}) falls "
+                   "in one bucket of the chart, which needs two or more; the table below has the ratios.")
     header, rows = length_table(section)
     st.dataframe(pd.DataFrame(rows, columns=header), hide_index=True, width="stretch",
                  column_config={**{name: st.column_config.NumberColumn(format="%.3f") for name in header[1:-1]},

@@ -1,6 +1,7 @@
 """Layers: where the conversion fails. Per-layer attention-output MSE over training (live while the
-job runs), the final per-layer MSE of the report (beside the layer scores of a ``softmax_layers: auto``
-run), and several conversions side by side."""
+job runs: every layer's training MSE as a layers x steps heatmap from stage 1's first step, the curves
+of the layers picked, and every layer's validation MSE), the final per-layer MSE of the report (beside
+the layer scores of a ``softmax_layers: auto`` run), and several conversions side by side."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import streamlit as st
 
 from app import charts, common, forms
 from jobs import api
-from jobs.records import JobInfo
+from jobs.records import JobInfo, MetricPoint
 
 
 def _pick(jobs: list[JobInfo]) -> JobInfo:
@@ -30,24 +31,67 @@ def _series(points, stage: str, names: tuple[str, ...]) -> dict[str, list[tuple[
     return out
 
 
+def _layer_rows(points: list[MetricPoint], name: str) -> list[dict]:
+    """Chart rows (``layer``, ``step``, ``value``, ``stage``) of the per-layer metric ``name``, null values left out."""
+    return [{"layer": p.layer, "step": p.step, "value": p.value, "stage": p.stage}
+            for p in points if p.layer is not None and p.name == name and p.value is not None]
+
+
+def _worst_layers(rows: list[dict], n: int = 3) -> list[int]:
+    """The ``n`` layers with the highest value at their latest step, in layer order."""
+    latest = {r["layer"]: r["value"] for r in sorted(rows, key=lambda r: r["step"])}
+    return sorted(sorted(latest, key=latest.get, reverse=True)[:n])
+
+
+def _pick_layers(job_id: int, rows: list[dict]) -> list[int]:
+    """The layer picker of a job: first the worst layers, then what the user chose among the layers
+    that have rows."""
+    layers = sorted({r["layer"] for r in rows})
+    key = f"layers_pick_{job_id}"
+    chosen = st.session_state.get(key)
+    st.session_state[key] = _worst_layers(rows) if chosen is None else [i for i in chosen if i in layers]
+    return st.multiselect("Layers to plot", layers, key=key, format_func=lambda i: f"layer {i}")
+
+
+def _training_view(job_id: int, train: list[dict], val: list[dict], log_y: bool) -> None:
+    """Every layer's training MSE as a heatmap, and the curves of the layers picked."""
+    st.plotly_chart(charts.layer_step_heatmap(train, title="Stage 1 training: attention MSE by layer and step"),
+                    key="layers_heatmap")
+    st.caption("Colour: log10 of each layer's training attention MSE, averaged over the steps since the "
+               "previous column (stage 1 reports it every few steps).")
+    chosen = _pick_layers(job_id, train)
+    if chosen:
+        st.plotly_chart(charts.chosen_layer_curves(train, val, chosen, log_y=log_y), key="layers_chosen")
+
+
+def _validation_view(job: JobInfo, val: list[dict], log_y: bool, expanded: bool) -> None:
+    """Every layer's validation MSE curve, or why there is none."""
+    with st.expander("Validation MSE of every layer", expanded=expanded):
+        if val:
+            st.plotly_chart(charts.layer_curves(val, log_y=log_y,
+                                                title="Per-layer attention MSE during stage 1 (validation)"),
+                            key="layers_curves")
+        elif job.is_terminal:
+            st.info("This job recorded no per-layer validation MSE (stage 1 was off, or it ended before its first "
+                    "validation).")
+        else:
+            st.info("Per-layer validation curves appear at the first stage-1 validation (every "
+                    "`stage1.eval_every` steps).")
+
+
 def _job_view(job_id: int) -> None:
     job = api.get_job(job_id, **common.ws())
     log_y = st.session_state.get("layers_log", True)
     points = common.latest_attempt(api.job_metrics(job.id, **common.ws()))
-    per_layer = [{"layer": p.layer, "step": p.step, "value": p.value, "stage": p.stage}
-                 for p in points if p.layer is not None and p.name == "mse" and p.value is not None]
+    train, val = _layer_rows(points, "train_mse"), _layer_rows(points, "mse")
     if job.status == "running":
         st.caption(f"Live: {job.progress_stage or 'starting'} step {job.progress_step or 0}/{job.progress_total or '?'}"
                    f" · refreshes every {common.REFRESH_S:g} s")
-    if per_layer:
-        st.plotly_chart(charts.layer_curves(per_layer, log_y=log_y,
-                                            title="Per-layer attention MSE during stage 1 (validation)"),
-                        key="layers_curves")
-    elif job.is_terminal:
-        st.info("This job recorded no per-layer validation MSE (stage 1 was off, or it ended before its first "
-                "validation).")
-    else:
-        st.info("Per-layer curves appear at the first stage-1 validation (every `stage1.eval_every` steps).")
+    if train:
+        _training_view(job.id, train, val, log_y)
+    elif not job.is_terminal:
+        st.info("Each layer's training MSE appears after stage 1's first step.")
+    _validation_view(job, val, log_y, expanded=not train)
     c1, c2 = st.columns(2)
     s1 = _series(points, "stage1", ("mse", "val_mse"))
     if s1:
@@ -63,15 +107,15 @@ def _job_view(job_id: int) -> None:
         kept = common.softmax_layers(job, result)
         scores = result.get("layer_scores")
         left, right = st.columns(2) if isinstance(scores, list) else (st.container(), None)
-        left.plotly_chart(charts.layer_bars({f"#{job.id}": mse}, {f"#{job.id}": kept}, log_y=log_y),
+        left.plotly_chart(charts.final_layer_mse({f"#{job.id}": mse}, {f"#{job.id}": kept}, log_y=log_y),
                           key="layers_bars")
         worst = max(range(len(mse)), key=lambda i: mse[i] or 0.0)
         left.caption(f"Highest final MSE: layer {worst} ({common.fmt_number(mse[worst])}). Layers kept as softmax "
-                     "show no bar.")
+                     "have no value.")
         if right is not None:
             _scores_view(right, scores, kept, str(result.get("layer_score", "")), log_y)
     elif job.status != "succeeded":
-        st.caption("The final per-layer bar chart appears when the job succeeds.")
+        st.caption("The final per-layer MSE appears when the job succeeds.")
 
 
 def _scores_view(column, scores: list, kept: list[int], score: str, log_y: bool) -> None:
@@ -120,7 +164,7 @@ def _compare(jobs: list[JobInfo]) -> None:
             curves[label] = val
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     if bars:
-        st.plotly_chart(charts.layer_bars(bars, kept, log_y=st.session_state.get("layers_log", True)),
+        st.plotly_chart(charts.final_layer_mse(bars, kept, log_y=st.session_state.get("layers_log", True)),
                         key="layers_compare_bars")
     if curves:
         st.plotly_chart(charts.stage_curves(curves, title="Stage 1 validation MSE", y_title="MSE", log_y=True),

@@ -13,6 +13,8 @@ from jobs.errors import JobsError
 from jobs.records import JobInfo
 
 DEFAULTS = {"batch_sizes": "1, 2, 4", "prompt_lengths": "128, 256, 512", "gen_length": 16}
+MEMORY = f"peak memory ({charts.MEMORY_UNIT})"  # the memory column of every table, in the charts' unit
+FACTORS = ("batch_size", "context_length")  # what the charts are drawn against
 
 
 def _ints(text: str, name: str) -> list[int]:
@@ -72,7 +74,7 @@ def _points_table(points: list[dict]) -> pd.DataFrame:
                      "generated": p["gen_length"], "status": p["status"],
                      "tokens/s": p["tokens_per_second"], "decode tok/s": p["decode_tokens_per_second"],
                      "prefill tok/s": p["prefill_tokens_per_second"],
-                     "peak memory (MiB)": p["peak_memory_bytes"] / 1024**2 if p["peak_memory_bytes"] else None})
+                     MEMORY: p["peak_memory_bytes"] / charts.GIB if p["peak_memory_bytes"] else None})
     return pd.DataFrame(rows)
 
 
@@ -97,10 +99,19 @@ def _capacity(capacity: dict) -> None:
     st.plotly_chart(charts.capacity_figure(capacity), key="bench_capacity")
     rows = [{"context": c.get("prompt_length"), "model": model, "largest batch": found.get("largest_batch"),
              "decode tok/s": found.get("decode_tokens_per_second"),
-             "peak memory (GiB)": (found.get("peak_memory_bytes") or 0) / 1024**3 or None}
+             MEMORY: (found.get("peak_memory_bytes") or 0) / charts.GIB or None}
             for c in capacity.get("contexts", []) for model, found in c.get("models", {}).items()]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
-                 column_config={c: st.column_config.NumberColumn(format="%.2f") for c in ("decode tok/s", "peak memory (GiB)")})
+                 column_config={"decode tok/s": st.column_config.NumberColumn(format="%.2f"),
+                                MEMORY: st.column_config.NumberColumn(format="%.3f")})
+
+
+def _single_factors(points: list[dict]) -> None:
+    """Why a chart against batch size or context length is missing: every point has the same value."""
+    for x in FACTORS:
+        if not charts.varies(points, x):
+            st.caption(f"No chart against {charts.FACTORS[x]}: every point of this benchmark has {charts.FACTORS[x]} "
+                       f"{points[0][x]}, and a chart against it needs two values or more.")
 
 
 def _charts(job: JobInfo, report: dict) -> None:
@@ -119,6 +130,9 @@ def _charts(job: JobInfo, report: dict) -> None:
     if ooms:
         st.warning("Out of memory at: " + ", ".join(
             f"{p['model']} batch {p['batch_size']} context {p['context_length']}" for p in ooms))
+    note = bench_results.timing_note(report)
+    if note:
+        st.caption(note)
     native = bench_results.native_figures(report)
     if native:
         for name, fig in native.items():
@@ -126,23 +140,26 @@ def _charts(job: JobInfo, report: dict) -> None:
                 continue
             st.plotly_chart(fig, key=f"bench_native_{name}")
     else:
-        for x in ("batch_size", "context_length"):
+        for x in [x for x in FACTORS if charts.varies(points, x)]:
             c1, c2 = st.columns(2)
             c1.plotly_chart(charts.throughput_figure(points, x, "tokens_per_second"), key=f"bench_tps_{x}")
             c2.plotly_chart(charts.throughput_figure(points, x, "peak_memory_bytes"), key=f"bench_mem_{x}")
             c3, c4 = st.columns(2)
             c3.plotly_chart(charts.throughput_figure(points, x, "decode_tokens_per_second"), key=f"bench_dec_{x}")
             c4.plotly_chart(charts.throughput_figure(points, x, "prefill_tokens_per_second"), key=f"bench_pre_{x}")
+    _single_factors(points)
     st.dataframe(_points_table(points), hide_index=True, width="stretch",
-                 column_config={c: st.column_config.NumberColumn(format="%.1f")
-                                for c in ("tokens/s", "decode tok/s", "prefill tok/s", "peak memory (MiB)")})
+                 column_config={**{c: st.column_config.NumberColumn(format="%.1f")
+                                   for c in ("tokens/s", "decode tok/s", "prefill tok/s")},
+                                MEMORY: st.column_config.NumberColumn(format="%.3f")})
     gaps = _floor_table(report)
     if not gaps.empty:
         st.caption("The floor is the teacher with an attention that costs nothing (it returns zeros): the speed any "
                    "attention replacement is bounded by. floor / teacher is that limit; student / floor how close the "
                    "student gets to it.")
         st.dataframe(gaps, hide_index=True, width="stretch",
-                     column_config={c: st.column_config.NumberColumn(format="%.2f") for c in FLOOR_COLUMNS.values()})
+                     column_config={c: st.column_config.NumberColumn(format=f"%{charts.RATIO_FORMAT}")
+                                    for c in FLOOR_COLUMNS.values()})
 
 
 def _job_view(job_id: int) -> None:

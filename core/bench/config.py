@@ -67,7 +67,7 @@ class BenchConfig:
     extra_points: list[list[int]] = field(default_factory=list)
     repeats: int = 1  # every point is measured this many times per model; medians are reported
     threads: int | None = None  # torch intra-op threads during the sweep; None keeps torch's setting
-    warmup: bool = True  # one short untimed prefill + decode per model before the sweep
+    warmup: bool = True  # every point runs once untimed (prefill + one decode step) before it is timed
     seed: int = 0
     prefill_chunk: int | None = 1024  # the student prefills in chunks of this many tokens (None: at once)
     memory_budget: str | None = None  # a size such as "12GiB": a capacity run (see above)

@@ -7,7 +7,11 @@ over batch size, prompt length and generation length. The result is a JSON-seria
 Teacher and student are measured in the same run and interleaved, so that whatever else runs on
 the machine slows both alike: at each point both prefill back to back (which goes first alternates
 from point to point and between repeats), then their decode steps alternate one by one (the order
-flipping every step). Times are medians (over the decode steps, and over repeats).
+flipping every step). Times are medians (over the decode steps, and over repeats). With
+``warmup`` (the default), every point first runs once untimed at its own shape (prefill and one
+decode step, :data:`WARMUP_GEN`), so that first-run costs at that shape (kernels compiled or
+specialised for it, ``LOLCATS_COMPILE``'s graph per batch size) stay out of its timings; the
+result's ``timing`` section says how many runs were timed after how many warm-up runs.
 
 On a CPU shared with other work, use ``threads=1``: with several intra-op threads every parallel
 op waits for all of them, and a sibling thread that the scheduler has taken off its core costs a
@@ -55,6 +59,7 @@ from core.io import atomic_write_json
 from core.progress import NullProgress, ProgressCallback, StopRequested
 
 SCHEMA = "lolcats-bench/1"
+WARMUP_GEN = 2  # generation length of the untimed run of a point: the prefill and one decode step
 
 
 def run_benchmark(
@@ -109,9 +114,6 @@ def run_benchmark(
     oom: dict[tuple[str, tuple[int, int, int]], str] = {}
     try:
         environment = _environment(device, tracker)
-        if config.warmup:
-            warm = random_input_ids(vocab, 1, min(64, min(config.prompt_lengths)), config.seed, device)
-            measure_point(models, warm, 3, tracker, list(models))
         total = len(points) * len(models) * config.repeats
         step = 0
         for r in range(config.repeats):
@@ -123,8 +125,9 @@ def run_benchmark(
                 todo = {name: models[name] for name in order if (name, point) not in oom}  # no retry after OOM
                 if todo:
                     ids = random_input_ids(vocab, b, l, config.seed + i, device)
-                    measured = measure_point(todo, ids, g, tracker, [n for n in order if n in todo],
-                                             {"student": config.prefill_chunk} if config.prefill_chunk else None)
+                    measured = _measure(todo, ids, g, tracker, [n for n in order if n in todo],
+                                        {"student": config.prefill_chunk} if config.prefill_chunk else None,
+                                        warm=config.warmup and r == 0)
                     del ids
                     free_memory(device)
                     for name, value in measured.items():
@@ -150,10 +153,13 @@ def run_benchmark(
                     progress.on_log(_describe(name, point, metrics))
         capacity = None
         if config.memory_budget is not None:
+            searched = {name: models[name] for name in CAPACITY_MODELS if name in models}
+            if config.warmup:  # trials start from synthetic caches: one short untimed run of each model first
+                warm = random_input_ids(vocab, 1, min(64, min(config.prompt_lengths)), config.seed, device)
+                measure_point(searched, warm, WARMUP_GEN, tracker, list(searched))
             capacity = run_capacity(
-                {name: models[name] for name in CAPACITY_MODELS if name in models}, config.prompt_lengths,
-                config.memory_budget, steps=config.capacity_steps, tracker=tracker, weights=weights, seed=config.seed,
-                max_batch=config.max_batch, log=progress.on_log,
+                searched, config.prompt_lengths, config.memory_budget, steps=config.capacity_steps, tracker=tracker,
+                weights=weights, seed=config.seed, max_batch=config.max_batch, log=progress.on_log,
             )
     finally:
         tracker.close()
@@ -196,11 +202,29 @@ def run_benchmark(
             "student": student_info,
         },
         "points": results,
+        "timing": {"warmup_runs": int(config.warmup), "warmup_decode_steps": WARMUP_GEN - 1,
+                   "repeats": config.repeats},
         "comparisons": compare(results),
         **({"capacity": capacity} if capacity is not None else {}),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": time.time() - started,
     }
+
+
+def _measure(models: dict[str, nn.Module], input_ids: torch.Tensor, gen_length: int, tracker, order: list[str],
+             chunks: dict[str, int] | None, warm: bool) -> dict[str, Run | str]:
+    """:func:`measure_point` of ``models`` at one point, after one untimed run of that point (the
+    prefill and one decode step) when ``warm``; a model out of memory in the untimed run is not
+    timed (its message stands for the point). Memory is handed back between the two runs."""
+    device = input_ids.device
+    failed: dict[str, str] = {}
+    if warm:
+        untimed = measure_point(models, input_ids, WARMUP_GEN, tracker, order, chunks)
+        failed = {name: value for name, value in untimed.items() if isinstance(value, str)}
+        free_memory(device)
+    timed = [name for name in order if name not in failed]
+    measured = measure_point({name: models[name] for name in timed}, input_ids, gen_length, tracker, timed, chunks)
+    return {**measured, **failed}
 
 
 def write_result(result: dict[str, Any], path: str | os.PathLike) -> Path:

@@ -22,8 +22,8 @@ def bench(
     prompt_lengths: str = typer.Option("512,1024,2048,4096", help="Comma-separated prompt lengths."),
     gen_lengths: str = typer.Option("8", help="Comma-separated generation lengths."),
     threads: Optional[int] = typer.Option(None, help="torch threads during the sweep."),
-    dtype: str = typer.Option("float32", help="Weights' dtype: float32, bfloat16 (about twice as fast on a CPU with "
-                              "AMX or AVX512-BF16) or float16."),
+    dtype: str = typer.Option("float32", help="Weights' dtype: float32, bfloat16 or float16 (half the weights' "
+                              "memory; the speed depends on the hardware's support)."),
     models: str = typer.Option("teacher,student,floor", help="Comma-separated models: teacher, student, floor "
                                "(the teacher with attention costing nothing)."),
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="A capacity run instead of a sweep: "

@@ -16,8 +16,8 @@ def chat(
     run: Path = typer.Argument(..., help="Run folder or exported folder."),
     max_new_tokens: int = typer.Option(128, help="Tokens to generate per answer."),
     dtype: Optional[str] = typer.Option(None, help="Run teacher and student in this dtype (float32, bfloat16, "
-                                        "float16); bfloat16 answers about twice as fast on a CPU with AMX or "
-                                        "AVX512-BF16. Default: the run's."),
+                                        "float16; the half precisions hold the weights in half the memory). "
+                                        "Default: the run's."),
     workspace: Optional[Path] = WorkspaceOpt,
 ) -> None:
     """Terminal chat: each prompt goes to the teacher and to the student (the student alone when an

@@ -9,6 +9,10 @@ layers train jointly without gradients crossing layers. Per batch:
 with MSE over real tokens, heads and head dims (outputs before o_proj) and CE the cross-entropy
 between the teacher's softmax rows and the student's effective attention rows (quadratic in
 length, so only computed when xent_factor > 0).
+
+Reported metrics: the training ``loss`` and ``mse`` (mean over layers) of every step, each layer's
+training ``train_mse`` every few steps (:func:`core.train.loop.layer_report_due`), and at each
+validation ``val_loss``, ``val_mse`` and each layer's ``mse``.
 """
 
 from __future__ import annotations
@@ -135,8 +139,9 @@ def _train(model, spec: Stage1Spec, train: Batch, val: Batch, run_dir: Path, pro
 
     def loss_fn(batch):
         losses = layer_losses(model, batch, xent=xent, layers=layers)
-        mse = sum(v["mse"].item() for v in losses.values()) / len(losses)
-        return combine(losses, spec, n_converted), {"mse": mse}
+        mse = {i: v["mse"].item() for i, v in losses.items()}
+        per_layer = {i: {"train_mse": v} for i, v in mse.items()}
+        return combine(losses, spec, n_converted), {"mse": sum(mse.values()) / len(mse)}, per_layer
 
     def eval_fn():
         val_loss, per_layer = evaluate_layers(model, val, spec.eval_blocks, spec, layers)

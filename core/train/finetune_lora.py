@@ -146,8 +146,8 @@ def train_stage2(
 
     def loss_fn(batch):
         if spec.loss == "kl":
-            return teacher_kl(model, batch, forward), {}
-        return lm_loss(forward, batch), {}
+            return teacher_kl(model, batch, forward), {}, None
+        return lm_loss(forward, batch), {}, None
 
     def eval_fn():
         if spec.loss == "kl":  # the best checkpoint is the one closest to the teacher

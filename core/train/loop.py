@@ -1,11 +1,11 @@
 """The optimisation loop both stages share: accumulation, validation, checkpoints, resume, stop.
 
-A recipe supplies ``loss_fn(batch) -> (loss, metrics)`` and ``eval_fn() -> (val_loss, metrics,
-layer_metrics)``; the loop owns AdamW, ReduceLROnPlateau, the deterministic batch order, and the
-checkpoints ``<run>/<stage>/last`` (resume point, with optimizer state) and ``<run>/<stage>/best``
-(lowest validation loss). Batch order depends only on (seed, step), so a resumed run sees the
-same batches, and with the restored optimizer and RNG state gives the same losses, as one that
-never stopped.
+A recipe supplies ``loss_fn(batch) -> (loss, metrics, layer_metrics)`` and ``eval_fn() -> (val_loss,
+metrics, layer_metrics)`` (``layer_metrics``: layer index -> its metrics, or None); the loop owns
+AdamW, ReduceLROnPlateau, the deterministic batch order, and the checkpoints ``<run>/<stage>/last``
+(resume point, with optimizer state) and ``<run>/<stage>/best`` (lowest validation loss). Batch
+order depends only on (seed, step), so a resumed run sees the same batches, and with the restored
+optimizer and RNG state gives the same losses, as one that never stopped.
 
 Every run goes through a :class:`core.train.parallel.Parallel` (one process, DDP or FSDP): every
 process runs the same loop on the same parameters; process ``r`` of ``N`` takes micro-batches
@@ -13,6 +13,10 @@ process runs the same loop on the same parameters; process ``r`` of ``N`` takes 
 optimizer step (so the step equals the single-process step with the same global batch), stop
 requests and checkpoint writes belong to rank 0 (every process takes part in gathering sharded
 parameters for a checkpoint), and metrics are summed across processes.
+
+Training metrics are reported after every step; the per-layer ones of ``loss_fn`` (the metric rows
+of a job grow with layers x reports) at the steps :func:`layer_report_due` names, each one the mean
+over the steps since the previous report.
 """
 
 from __future__ import annotations
@@ -57,6 +61,52 @@ class LoopSpec:
     min_lr: float = 0.0
 
 
+LAYER_REPORTS = 100  # per-layer training reports of a stage: about this many, wherever it has more steps
+
+
+def layer_report_due(step: int, steps: int) -> bool:
+    """Whether the per-layer training metrics are reported after ``step`` of ``steps``: after the
+    first and the last step, and every ``ceil(steps / LAYER_REPORTS)`` steps (every step of a stage
+    of at most LAYER_REPORTS steps)."""
+    return step in (1, steps) or step % math.ceil(steps / LAYER_REPORTS) == 0
+
+
+class LayerMeans:
+    """Per-layer metrics summed step by step; taken as their mean over the steps added since the last take."""
+
+    def __init__(self) -> None:
+        self.sums: dict[int, dict[str, float]] = {}
+        self.steps = 0
+
+    def add(self, layer_metrics: dict[int, dict[str, float]]) -> None:
+        """Add one step's metrics (nothing when the recipe reports none)."""
+        if layer_metrics:
+            for layer, values in layer_metrics.items():
+                _accumulate(self.sums.setdefault(layer, {}), values, 1.0)
+            self.steps += 1
+
+    def take(self) -> dict[int, dict[str, float]] | None:
+        """The means since the last take (None when no step was added), and start over."""
+        means = {layer: {k: v / self.steps for k, v in values.items()} for layer, values in self.sums.items()}
+        self.sums, self.steps = {}, 0
+        return means or None
+
+
+def _accumulate(into: dict[str, float], values: dict[str, float], weight: float) -> None:
+    for k, v in values.items():
+        into[k] = into.get(k, 0.0) + v * weight
+
+
+def _sum_layers(parallel: Parallel, layer_metrics: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    """``layer_metrics`` summed over all processes (through one ``all_sum``)."""
+    keys = [(layer, k) for layer, values in layer_metrics.items() for k in values]
+    summed = parallel.all_sum({f"{layer}/{k}": layer_metrics[layer][k] for layer, k in keys})
+    out: dict[int, dict[str, float]] = {}
+    for layer, k in keys:
+        out.setdefault(layer, {})[k] = summed[f"{layer}/{k}"]
+    return out
+
+
 def batch_at(blocks: Batch, index: int, batch_size: int, seed: int) -> Batch:
     """Micro-batch number ``index`` of an endless shuffled pass over ``blocks`` (epoch by epoch)."""
     n = next(iter(blocks.values())).shape[0]
@@ -80,7 +130,7 @@ def run_loop(
     spec: LoopSpec,
     model: nn.Module,
     blocks: Batch,
-    loss_fn: Callable[[Batch], tuple[torch.Tensor, dict[str, float]]],
+    loss_fn: Callable[[Batch], tuple[torch.Tensor, dict[str, float], dict[int, dict[str, float]] | None]],
     eval_fn: Callable[[], tuple[float, dict[str, float], dict[int, dict[str, float]] | None]],
     run_dir: Path,
     progress: ProgressCallback,
@@ -125,6 +175,7 @@ def run_loop(
             save_checkpoint(last_dir, tensors, state, opt_state)
 
     step = start
+    layer_means = LayerMeans()
     try:
         for step in range(start + 1, spec.steps + 1):
             if parallel.main_decides(progress.should_stop() if main else False):
@@ -134,16 +185,19 @@ def run_loop(
             model.train()
             opt.zero_grad(set_to_none=True)
             totals: dict[str, float] = {}
+            step_layers: dict[int, dict[str, float]] = {}
             for j, m in enumerate(mine):
                 batch = batch_at(blocks, (step - 1) * spec.grad_accum + m, spec.batch_size, spec.seed)
                 batch = {k: v.to(device) for k, v in batch.items()}
-                loss, metrics = loss_fn(batch)
+                loss, metrics, layer_metrics = loss_fn(batch)
                 # the gradient average over processes turns world_size / grad_accum into 1 / grad_accum
                 parallel.backward(loss * parallel.world_size / spec.grad_accum, sync=j == len(mine) - 1)
-                for k, v in {"loss": loss.item(), **metrics}.items():
-                    totals[k] = totals.get(k, 0.0) + v / spec.grad_accum
+                _accumulate(totals, {"loss": loss.item(), **metrics}, 1 / spec.grad_accum)
+                for layer, values in (layer_metrics or {}).items():
+                    _accumulate(step_layers.setdefault(layer, {}), values, 1 / spec.grad_accum)
             grads_finite = all(torch.isfinite(local(p.grad)).all() for p in params if p.grad is not None)
             totals = parallel.all_sum(totals)  # every process must take the same decisions
+            layer_means.add(_sum_layers(parallel, step_layers))
             if not math.isfinite(totals["loss"]):
                 raise NonFiniteLossError(_non_finite(spec.stage, totals["loss"], step, last_dir))
             grads_finite = parallel.all_sum({"bad": float(not grads_finite)})["bad"] == 0
@@ -151,8 +205,9 @@ def run_loop(
                 raise NonFiniteLossError(f"{spec.stage}: non-finite gradients at step {step}; lower the learning rate")
             opt.step()
             totals["lr"] = opt.param_groups[0]["lr"]
+            per_layer = layer_means.take() if layer_report_due(step, spec.steps) else None
             if main:
-                progress.on_step(spec.stage, step, spec.steps, totals)
+                progress.on_step(spec.stage, step, spec.steps, totals, per_layer)
             if step % spec.eval_every == 0 or step == spec.steps:
                 model.eval()
                 val, val_metrics, layer_metrics = eval_fn()

@@ -73,3 +73,9 @@ def button(at: AppTest, label_or_key: str):
         if b.key == label_or_key or b.label == label_or_key:
             return b
     raise AssertionError(f"no button {label_or_key!r}; buttons: {[(b.key, b.label) for b in at.button]}")
+
+
+def column_format(table, column: str) -> str | None:
+    """The printf-style format an ``st.dataframe`` element gives ``column`` (None: Streamlit's default)."""
+    config = json.loads(table.proto.columns or "{}").get(column, {})
+    return config.get("type_config", {}).get("format")

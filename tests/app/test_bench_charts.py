@@ -1,6 +1,7 @@
 """Figures of benchmark results (app.charts.benchmark_figures) from real tiny-model runs."""
 
 import math
+import re
 
 import pytest
 
@@ -57,3 +58,17 @@ def test_capacity_figure_draws_the_trials_and_the_budget():
         assert found[model]["largest_batch"] == 8 and found[model]["reached_max_batch"]
     budget = [s for s in fig.layout.shapes if s.y0 == s.y1]
     assert len(budget) == 1 and budget[0].y0 == 1.0  # 1 GiB
+
+
+def test_a_factor_held_at_one_value_has_no_chart_against_it(result):
+    one_batch = {**result, "points": [p for p in result["points"] if p["batch_size"] == 1]}
+    assert {p["prompt_length"] for p in one_batch["points"]} == {16, 40}
+    figs = benchmark_figures(one_batch)
+    assert {"throughput_vs_context", "memory_vs_context"} <= set(figs)
+    assert not {"throughput_vs_batch", "memory_vs_batch"} & set(figs)
+
+
+def test_ratio_hovers_show_the_difference_from_1(result):
+    for trace in benchmark_figures(result)["floor_gap"].data:
+        spec = re.search(r"%\{y:([^}]*)\}", trace.hovertemplate or "")
+        assert spec and format(1.0012, spec.group(1)) == "1.001", trace.hovertemplate

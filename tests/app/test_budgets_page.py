@@ -7,7 +7,7 @@ import pytest
 
 from jobs import api, store
 from jobs.db import open_db
-from tests.app.apptest import button, open_page, plotly_figures, texts, widget
+from tests.app.apptest import button, column_format, open_page, plotly_figures, texts, widget
 
 PAGE = "views/budgets.py"
 
@@ -54,6 +54,14 @@ def test_a_finished_sweep_shows_its_numbers(fresh_ws):
     assert list(bars["x"]) == [0, 1, 2, 3] and bars["y"] == pytest.approx(RESULT["layer_scores"])
     assert list(bars["text"]) == ["", "kept softmax", "", "kept softmax"]  # the largest budget's layers
     assert "the layers the largest budget keeps softmax" in texts(at)
+
+
+def test_a_ratio_near_1_shows_its_difference_from_1(fresh_ws):
+    finished_sweep(fresh_ws)
+    at = open_page(PAGE)
+    table = at.dataframe[0]
+    assert column_format(table, "ppl ratio") % 1.0012 == "1.001"
+    assert column_format(table, "ppl ratio") % 1.0 == "1.000"  # the teacher's row
 
 
 def test_the_form_queues_a_sweep_and_refuses_words(fresh_ws):

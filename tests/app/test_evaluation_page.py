@@ -11,7 +11,7 @@ import pytest
 
 from jobs import api, store
 from jobs.db import open_db
-from tests.app.apptest import button, open_page, plotly_figures, texts, widget
+from tests.app.apptest import button, column_format, open_page, plotly_figures, texts, widget
 from tests.app.seed import finished_job
 from tests.long_context_report import MATCHED_LABEL, WINDOW_LABEL, long_context_section
 
@@ -71,6 +71,11 @@ def test_bars_retention_and_table_show_the_reports_numbers(evaluated_ws):
             assert [row["teacher"], row["student"], row["diff"], row["CI low"], row["CI high"]] == pytest.approx(
                 [expected["teacher"]["acc"], expected["student"]["acc"], expected["diff"], *expected["diff_ci95"]])
             assert row["retention"] == pytest.approx(expected["student"]["acc"] / expected["teacher"]["acc"])
+
+
+def test_a_retention_near_1_shows_its_difference_from_1(evaluated_ws):
+    at = open_page(PAGE)
+    assert column_format(at.dataframe[0], "retention") % 1.0012 == "1.001"
 
 
 def test_one_run_alone_names_the_bars_teacher_and_student(evaluated_ws):
@@ -184,6 +189,17 @@ def test_eval_json_and_evaluate_jobs_on_the_run_supply_its_long_context(fresh_ws
     assert f"The student is WORSE than the untrained {WINDOW_LABEL} at 4096 tokens." in [e.value for e in at.error]
     source.set_value("`lolcats eval` (eval.json)").run()
     assert not any(WINDOW_LABEL in e.value for e in at.error)
+
+
+def test_positions_in_one_bucket_have_no_chart_by_position(fresh_ws):
+    section = {**long_context_section(), "by_position": long_context_section()["by_position"][:1]}
+    finished_job(fresh_ws, "convert", {"seed": 0}, "short", {"student_ppl": 10.0, "long_context": section})
+    at = open_page(PAGE)
+    assert not at.exception
+    assert not [f for f in plotly_figures(at) if "by position" in f["layout"]["title"]["text"]]
+    assert ("No chart by position: every evaluated position (0-64) falls in one bucket of the chart, which needs two "
+            "or more; the table below has the ratios.") in [c.value for c in at.caption]
+    assert len(at.dataframe[0].value) == len(section["by_length"])
 
 
 def test_a_run_without_long_context_says_how_to_get_one(fresh_ws):

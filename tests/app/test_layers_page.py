@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from jobs import api, store
@@ -34,6 +36,19 @@ def test_curves_follow_the_recorded_per_layer_metrics(seeded_ws):
         assert traces[f"layer {layer}"]["y"] == pytest.approx([value for _, value in expected])
 
 
+def test_heatmap_of_a_conversion_the_worker_ran(seeded_ws):
+    at = open_page("views/layers.py")
+    widget(at, "selectbox", "layers_job").set_value(seeded_ws.conversion).run()
+    rows = [p for p in api.job_metrics(seeded_ws.conversion, name="train_mse", workspace=seeded_ws.workspace)
+            if p.layer is not None]
+    layers = {p.layer for p in api.job_metrics(seeded_ws.conversion, name="mse", workspace=seeded_ws.workspace)
+              if p.layer is not None}
+    assert {p.layer for p in rows if p.step == 1} == layers, "every layer's training MSE from step 1"
+    (heat,) = _figure(at, "Stage 1 training: attention MSE by layer and step")["data"]
+    assert list(heat["x"]) == sorted({p.step for p in rows}) and heat["x"][0] == 1
+    assert list(heat["y"]) == [f"layer {i}" for i in sorted(layers)]
+
+
 def test_final_bars_are_the_report_per_layer_mse(seeded_ws):
     at = open_page("views/layers.py")
     widget(at, "selectbox", "layers_job").set_value(seeded_ws.conversion).run()
@@ -48,9 +63,9 @@ def test_compare_two_conversions(seeded_ws):
     chosen = [seeded_ws.conversion, seeded_ws.conversion_sw]
     widget(at, "multiselect", "layers_compare").set_value(chosen).run()
     assert not at.exception
-    fig = plotly_figures(at)
-    bars = [f for f in fig if f["data"] and f["data"][0].get("type") == "bar" and len(f["data"]) == 2]
-    assert bars, "one grouped bar chart with a bar series per conversion"
+    final = [f for f in plotly_figures(at)
+             if "Final per-layer attention MSE" in f["layout"]["title"]["text"] and len(f["data"]) == 2]
+    assert final, "one final per-layer MSE chart with a series per conversion"
     table = at.dataframe[0].value
     assert sorted(table["attention"]) == ["sliding_window/hedgehog", "terraced/hedgehog"]
     for job_id, name in ((seeded_ws.conversion, "tiny-test"), (seeded_ws.conversion_sw, "tiny-sw")):
@@ -130,7 +145,8 @@ def test_compare_lists_the_resolved_softmax_layers(fresh_ws):
     assert table.loc[f"#{listed} listed", "softmax layers"] == "1"
     assert table.loc[f"#{auto} auto", "mean layer MSE"] == pytest.approx(0.375)  # the converted layer only
     assert table.loc[f"#{listed} listed", "mean layer MSE"] == pytest.approx(0.25)
-    (grouped,) = [f for f in plotly_figures(at) if len(f["data"]) == 2 and f["data"][0].get("type") == "bar"]
+    (grouped,) = [f for f in plotly_figures(at)
+                  if "Final per-layer attention MSE" in f["layout"]["title"]["text"] and len(f["data"]) == 2]
     assert [list(t["text"]) for t in grouped["data"]] == [["softmax", ""], ["", "softmax"]]
 
 
@@ -138,3 +154,62 @@ def test_empty_state(fresh_ws):
     at = open_page("views/layers.py")
     assert "needs a finished conversion, and there is none yet" in texts(at)
     assert any(b.key == "layers_demo" for b in at.button)
+
+
+def _training_heartbeats(db, job_id: int, attempt: int, layers: int, steps: list[int]) -> dict[int, dict[int, float]]:
+    """Stage-1 training reports of ``steps``, each with every layer's ``train_mse`` (and no
+    validation yet); returns step -> layer -> value."""
+    values = {}
+    for step in steps:
+        values[step] = {i: 10.0 ** (-1 - i / 10) / step for i in range(layers)}
+        store.heartbeat(db, job_id, attempt, stage="stage1", step=step, total=240,
+                        metrics={"loss": 1.0 / step, "mse": 0.01 / step, "lr": 1e-3},
+                        layer_metrics={i: {"train_mse": v} for i, v in values[step].items()})
+    return values
+
+
+def test_heatmap_of_every_layer_from_the_first_training_steps(fresh_ws):
+    db = open_db(fresh_ws)
+    from app import forms
+
+    job = api.submit_job("convert", forms.preset_config("tiny-test"), name="live", workspace=fresh_ws)
+    claim = store.claim_next_job(db, "otherhost:1:1")
+    values = _training_heartbeats(db, job.id, claim.attempt, layers=30, steps=[1, 2])
+    at = open_page("views/layers.py")
+    assert not at.exception
+    (heat,) = _figure(at, "Stage 1 training: attention MSE by layer and step")["data"]
+    assert heat["type"] == "heatmap" and list(heat["x"]) == [1, 2]
+    assert list(heat["y"]) == [f"layer {i}" for i in range(30)]
+    assert heat["z"] == [pytest.approx([math.log10(values[s][i]) for s in (1, 2)]) for i in range(30)]
+    _training_heartbeats(db, job.id, claim.attempt, layers=30, steps=[3])
+    at.run()
+    (heat,) = _figure(at, "Stage 1 training: attention MSE by layer and step")["data"]
+    assert list(heat["x"]) == [1, 2, 3]
+
+
+def test_the_layer_picker_draws_the_chosen_layers_curves(fresh_ws):
+    db = open_db(fresh_ws)
+    from app import forms
+
+    job = api.submit_job("convert", forms.preset_config("tiny-test"), name="live", workspace=fresh_ws)
+    claim = store.claim_next_job(db, "otherhost:1:1")
+    values = _training_heartbeats(db, job.id, claim.attempt, layers=30, steps=[1, 2, 3])
+    at = open_page("views/layers.py")
+    widget(at, "multiselect", f"layers_pick_{job.id}").set_value([4, 17]).run()
+    assert not at.exception
+    curves = _figure(at, "Chosen layers: attention MSE during stage 1")["data"]
+    assert [t["name"] for t in curves] == ["layer 4 (training)", "layer 17 (training)"]
+    assert curves[1]["y"] == pytest.approx([values[s][17] for s in (1, 2, 3)])
+    assert curves[0]["line"]["color"] != curves[1]["line"]["color"]
+
+
+@pytest.mark.parametrize("log_scale", [True, False])
+def test_the_final_mse_is_no_bar_chart_on_a_log_axis(fresh_ws, log_scale):
+    _succeeded_conversion(fresh_ws, {"softmax_layers": "auto", "softmax_budget": 1}, AUTO_REPORT, "auto")
+    at = open_page("views/layers.py")
+    widget(at, "toggle", "layers_log").set_value(log_scale).run()
+    final = _figure(at, "Final per-layer attention MSE")
+    log_axis = final["layout"].get("yaxis", {}).get("type") == "log"
+    assert log_axis == log_scale
+    assert not (log_axis and any(t.get("type") == "bar" for t in final["data"]))
+    assert final["data"][0]["y"] == pytest.approx([None, 0.375])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from app import bench_results
 from jobs import api, store
 from jobs.db import open_db
-from tests.app.apptest import button, open_page, plotly_figures, texts, widget
+from tests.app.apptest import button, column_format, open_page, plotly_figures, texts, widget
 from tests.app.seed import tiny_convert_config
 
 
@@ -46,7 +48,72 @@ def test_charts_and_table_of_a_benchmark_job(seeded_ws):
     match = next(p for p in points if p["model"] == "student" and p["batch_size"] == row["batch"]
                  and p["context_length"] == row["context"])
     assert row["decode tok/s"] == pytest.approx(match["decode_tokens_per_second"])
-    assert row["peak memory (MiB)"] == pytest.approx(match["peak_memory_bytes"] / 2**20)
+    assert row["peak memory (GiB)"] == pytest.approx(match["peak_memory_bytes"] / 2**30)
+
+
+def _memory_units(at) -> set[str]:
+    """Every unit of bytes named on the page: in figure titles, subplot titles, axis titles and table columns."""
+    names = [str(name) for table in at.dataframe for name in table.value.columns]
+    for fig in plotly_figures(at):
+        layout = fig["layout"]
+        axes = [axis for key, axis in layout.items() if key.startswith(("xaxis", "yaxis"))]
+        names += [str((part.get("title") or {}).get("text", "")) for part in (layout, *axes)]
+        names += [str(note.get("text", "")) for note in layout.get("annotations", [])]  # subplot titles
+    return {unit for name in names for unit in re.findall(r"\b([KMGT]iB|[KMGT]B)\b", name)}
+
+
+def test_memory_reads_in_one_unit_in_charts_and_tables(seeded_ws):
+    at = open_page("views/throughput.py")
+    widget(at, "selectbox", "bench_job").set_value(seeded_ws.benchmark).run()
+    assert _memory_units(at) == {"GiB"}
+
+
+def native_report(batch_sizes: list[int], contexts: list[int], ratio: float = 1.5) -> dict:
+    """A core.bench report (teacher, student, floor) over ``batch_sizes`` x ``contexts``, every
+    floor ratio of its comparisons ``ratio``, timed 3 times after a warm-up run."""
+    points = [{"model": model, "batch_size": b, "prompt_length": l, "gen_length": 4, "status": "ok",
+               "tokens_per_second": 100.0 * b, "prefill_tokens_per_second": 1000.0 * b,
+               "decode_tokens_per_second": 10.0 * b, "peak_memory_bytes": 2**30 * b,
+               "decode_peak_memory_bytes": 2**29 * b}
+              for b in batch_sizes for l in contexts for model in ("teacher", "student", "floor")]
+    ratios = ("prefill_speedup", "decode_speedup", "prefill_vs_floor", "decode_vs_floor", "floor_prefill_speedup",
+              "floor_decode_speedup")
+    comparisons = [{"batch_size": b, "prompt_length": l, "gen_length": 4, **dict.fromkeys(ratios, ratio)}
+                   for b in batch_sizes for l in contexts]
+    return {"schema": "lolcats-bench/1", "points": points, "comparisons": comparisons,
+            "timing": {"warmup_runs": 1, "warmup_decode_steps": 1, "repeats": 3}}
+
+
+FOREIGN_ONE_BATCH = {"points": [{"variant": m, "batch": 1, "context_length": c, "tokens_per_second": 10.0,
+                                 "peak_memory_bytes": 2**20} for m in ("teacher", "student") for c in (64, 128)]}
+
+
+@pytest.mark.parametrize("report", [native_report([1], [64, 128]), FOREIGN_ONE_BATCH], ids=["core.bench", "foreign"])
+def test_a_single_batch_size_has_no_chart_against_it(fresh_ws, report):
+    _finished_job(fresh_ws, report)
+    at = open_page("views/throughput.py")
+    assert not at.exception
+    titles = [str(f["layout"]["title"]["text"]) for f in plotly_figures(at)]
+    assert not [t for t in titles if "batch size" in t], titles
+    assert [t for t in titles if "context length" in t]
+    assert ("No chart against batch size: every point of this benchmark has batch size 1, and a chart against it "
+            "needs two values or more.") in [c.value for c in at.caption]
+
+
+def test_the_page_says_what_is_timed(fresh_ws):
+    _finished_job(fresh_ws, native_report([1, 2], [64]))
+    at = open_page("views/throughput.py")
+    assert ("Each point is timed 3 times (medians shown), after 1 untimed warm-up run of the same point (its prefill "
+            "and 1 decode step). Prefill and decode are timed separately") in texts(at)
+
+
+def test_floor_ratios_near_1_show_their_difference_from_1(fresh_ws):
+    _finished_job(fresh_ws, native_report([1, 2], [64], ratio=1.0012))
+    at = open_page("views/throughput.py")
+    gaps = at.dataframe[1]
+    assert list(gaps.value["decode student / floor"]) == [1.0012, 1.0012]
+    for column in ("prefill student / teacher", "decode floor / teacher", "decode student / floor"):
+        assert column_format(gaps, column) % 1.0012 == "1.001"
 
 
 def test_foreign_report_falls_back_to_the_workbench_charts(fresh_ws):

@@ -41,6 +41,23 @@ def wait_status(ws: Path, job_id: int, statuses: str | tuple[str, ...], timeout:
     return wait_for(check, timeout, what=f"job {job_id} to become {'/'.join(statuses)}")
 
 
+def stop_and_resume(ws: Path, job_id: int, how: str, timeout: float = 600.0):
+    """Stop a running job ``how`` (``"cancel"``: a cooperative stop; ``"kill"``: SIGKILL of its
+    process), check it ended cancelled or interrupted, resume it and wait for its end; returns
+    ``(the final JobInfo, the status it stopped in)``."""
+    if how == "cancel":
+        api.cancel_job(job_id, workspace=ws)
+    else:
+        os.kill(api.get_job(job_id, workspace=ws).pid, signal.SIGKILL)
+    stopped = "cancelled" if how == "cancel" else "interrupted"
+    info = wait_status(ws, job_id, (stopped, "succeeded"), timeout=120)
+    assert info.status == stopped, f"the job finished before the {how} reached it"
+    assert api.resume_job(job_id, workspace=ws).attempt == info.attempt + 1
+    info = wait_status(ws, job_id, ("succeeded", "failed"), timeout=timeout)
+    assert info.status == "succeeded", (info.error, info.log_tail)
+    return info, stopped
+
+
 class WorkerProc:
     """A real ``python -m jobs worker`` process; output in ``log``."""
 

@@ -12,7 +12,7 @@ import pytest
 
 from jobs import api
 from jobs.errors import ConfigError
-from jobs_testutil import run_dir, wait_for, wait_status
+from jobs_testutil import run_dir, stop_and_resume, wait_for, wait_status
 from tests.tiny_runs import convert_tiny
 
 OFFLINE = ["lolcats_gsm8k_answer", "lolcats_kjv_lastword", "lolcats_kjv_next"]
@@ -97,18 +97,16 @@ def test_submit_refuses_a_run_outside_the_workspace_or_without_a_model(tiny_ws):
     assert api.list_jobs(workspace=tiny_ws) == []
 
 
-def test_a_cancelled_evaluation_resumes_at_its_first_unfinished_task(tiny_ws, start_worker):
+@pytest.mark.parametrize("how", ["cancel", pytest.param("kill", marks=pytest.mark.slow)])
+def test_a_stopped_evaluation_resumes_at_its_first_unfinished_task(tiny_ws, start_worker, how):
+    """Cancelled (a cooperative stop) or killed with SIGKILL once a task is saved: resumed without
+    evaluating that task again."""
     job_id = api.submit_job("evaluate", CONFIG, workspace=tiny_ws).id
     start_worker()
     first = run_dir(tiny_ws, job_id) / "tasks" / f"{OFFLINE[0]}.json"
     wait_for(first.is_file, 300, what="the first task to finish")
-    api.cancel_job(job_id, workspace=tiny_ws)
-    info = wait_status(tiny_ws, job_id, ("cancelled", "succeeded"), timeout=120)
-    assert info.status == "cancelled", "the job finished before the cancel request reached it"
+    info, _ = stop_and_resume(tiny_ws, job_id, how, timeout=300)
     saved = json.loads(first.read_text())
-    assert api.resume_job(job_id, workspace=tiny_ws).attempt == 2
-    info = wait_status(tiny_ws, job_id, ("succeeded", "failed"), timeout=300)
-    assert info.status == "succeeded", (info.error, info.log_tail)
     events = [e.message for e in api.job_events(job_id, workspace=tiny_ws) if e.attempt == 2]
     assert any(m.startswith(f"lm-eval: {OFFLINE[0]} already evaluated") for m in events), events
     assert f"lm-eval: teacher on {OFFLINE[0]}" not in events

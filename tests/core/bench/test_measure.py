@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from core.bench import BenchConfig, convert_teacher, run_benchmark
+from core.bench import BenchConfig, convert_teacher, measure_point, run_benchmark
 from core.io import is_oom
 from tests.core.bench.runs import OOM_ERRORS, OOM_PHASES, SMALL, result_with_oom
 from tests.tiny_models import tiny_model
@@ -87,3 +87,51 @@ def test_the_student_prefills_in_chunks_and_the_teacher_at_once(monkeypatch):
     assert calls[:4] == [("teacher", 20), ("student", 8), ("student", 8), ("student", 4)]
     assert [p["status"] for p in out["points"]] == ["ok", "ok"]
     assert out["config"]["prefill_chunk"] == 8
+
+
+def record_points(monkeypatch) -> list[tuple]:
+    """``(input shape, generation length, order)`` of every :func:`measure_point` call of the sweep."""
+    from core.bench import sweep
+
+    calls = []
+
+    def measure(models, input_ids, gen_length, tracker, order, chunks=None):
+        calls.append((tuple(input_ids.shape), gen_length, list(order)))
+        return measure_point(models, input_ids, gen_length, tracker, order, chunks)
+
+    monkeypatch.setattr(sweep, "measure_point", measure)
+    return calls
+
+
+def test_every_point_is_timed_after_an_untimed_run_at_its_own_shape(monkeypatch):
+    config = BenchConfig(batch_sizes=[2], prompt_lengths=[80, 96], gen_lengths=[4], repeats=2, warmup=True,
+                         linearize={"window_size": 8}, models=["teacher", "student"])
+    calls = record_points(monkeypatch)
+    out = run_benchmark(config, teacher=tiny_model("llama"))
+    both, flipped, warm = ["teacher", "student"], ["student", "teacher"], calls[0][1]
+    assert calls == [((2, 80), warm, both), ((2, 80), 4, both), ((2, 96), warm, flipped), ((2, 96), 4, flipped),
+                     ((2, 80), 4, flipped), ((2, 96), 4, both)]  # the second repeat is not warmed up again
+    assert warm < 4  # the untimed run is shorter: its prefill and a decode step
+    assert all(len(p["prefill_times_s"]) == 2 and len(p["decode_step_times_s"]) == 2 * 3 for p in out["points"])
+    assert out["timing"] == {"warmup_runs": 1, "warmup_decode_steps": 1, "repeats": 2}
+
+
+def test_a_model_out_of_memory_in_the_untimed_run_is_not_timed(monkeypatch):
+    teacher = tiny_model("llama")
+    config = BenchConfig(**{**SMALL, "warmup": True})
+    student = convert_teacher(teacher, config)
+    real_forward = student.forward
+    failed = []
+
+    def forward(*args, **kwargs):
+        if kwargs["input_ids"].shape[0] == 3:  # the batch-3 point
+            failed.append(kwargs["input_ids"].shape[1])
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(student, "forward", forward)
+    out = run_benchmark(config, teacher=teacher, student=student)
+    status = {(p["model"], p["batch_size"]): p["status"] for p in out["points"] if p["prompt_length"] == 16}
+    assert status == {("teacher", 1): "ok", ("student", 1): "ok", ("floor", 1): "ok",
+                      ("teacher", 3): "ok", ("student", 3): "oom", ("floor", 3): "ok"}
+    assert failed == [16]  # the untimed prefill failed; the student was not timed there
