@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -22,7 +23,7 @@ from app.charts import RATIO_FORMAT
 from app.navigation import page
 from app.progress import PACE_METRICS, estimate_seconds, overall_progress, pace, seconds_per_unit
 from core.config import PRESET_DESCRIPTIONS, preset
-from core.run_folder import REPORT_FILE, STAGE_LABELS, is_run
+from core.run_folder import CONFIG_FILE, EXPORT_CONFIG, REPORT_FILE, STAGE_LABELS, is_export, is_run
 from core.workspace import workspace_root
 from jobs import api
 from jobs.db import open_db
@@ -88,13 +89,70 @@ def status_badge(status: str) -> str:
     return f":{colour}[{icon} {status}]"
 
 
+@dataclass(frozen=True)
+class Conversion:
+    """A converted model a page can open: a succeeded conversion job's run folder, or a finished run
+    folder (``lolcats convert -o``) or an export (``lolcats export``) made outside the workbench
+    in the workspace. It reads like a job where the pages need one: ``run_dir``, ``config``,
+    ``result`` (its report, when known)."""
+
+    key: str  # stable across reruns: "job:7", or the folder relative to the workspace
+    origin: str  # "job #7", "run", "export"
+    run_dir: Path
+    config: dict
+    name: str = ""
+    result: dict | None = None
+    job: JobInfo | None = None
+
+    @property
+    def title(self) -> str:
+        """What a message calls it: ``conversion #7``, ``runs/demo (run)``, ``exports/demo (export)``."""
+        return f"conversion #{self.job.id}" if self.job else f"{self.name} ({self.origin})"
+
+    @property
+    def tag(self) -> str:
+        """A job-name part: the job's id, else the folder with its slashes as dashes."""
+        return str(self.job.id) if self.job else re.sub(r"[^\w.\-]+", "-", self.name).strip("-")
+
+    @property
+    def label(self) -> str:
+        model = self.config.get("model", {}).get("source", "?")
+        attn = self.config.get("attention", {})
+        return f"{self.name} ({self.origin}) · {model} · {attn.get('kind', '?')}/{attn.get('feature_map', '?')}"
+
+
 def finished_conversions() -> list[JobInfo]:
-    """Succeeded conversions whose run folder still holds a loadable model, newest first."""
-    out = []
-    for job in list_jobs(kind=CONVERT, status="succeeded"):
-        if job.run_dir and is_run(job.run_dir):
-            out.append(job)
-    return out
+    """Succeeded conversion jobs whose run folder still holds a loadable model, newest first."""
+    return [job for job in list_jobs(kind=CONVERT, status="succeeded") if job.run_dir and is_run(job.run_dir)]
+
+
+def _outside_folders(root: Path, known: set[Path]) -> list[Path]:
+    """Finished run folders and exports one or two levels into the workspace that no job made,
+    newest first (the models' cache is not searched)."""
+    found = []
+    for top in sorted(p for p in root.iterdir() if p.is_dir() and p.name != "models" and not p.name.startswith(".")):
+        for folder in [top, *(p for p in top.iterdir() if p.is_dir())]:
+            if folder.resolve() not in known and (is_export(folder) or (is_run(folder) and (folder / REPORT_FILE).is_file())):
+                found.append(folder)
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def _folder_conversion(root: Path, folder: Path) -> Conversion:
+    exported = is_export(folder)
+    meta = read_json(folder / (EXPORT_CONFIG if exported else CONFIG_FILE)) or {}
+    where = folder.relative_to(root).as_posix()
+    return Conversion(where, "export" if exported else "run", folder, meta.get("config", {}) if exported else meta,
+                      name=where, result=None if exported else read_json(folder / REPORT_FILE))
+
+
+def conversions() -> list[Conversion]:
+    """Every converted model in the workspace: succeeded conversion jobs (newest first), then the run
+    folders and exports made outside the workbench (:func:`_outside_folders`)."""
+    root = workspace()
+    jobs = [Conversion(f"job:{j.id}", f"job #{j.id}", j.run_dir, j.config, name=j.name or f"#{j.id}", result=j.result,
+                       job=j) for j in finished_conversions()]
+    outside = _outside_folders(root, {c.run_dir.resolve() for c in jobs})
+    return jobs + [_folder_conversion(root, folder) for folder in outside]
 
 
 def demo_button(key: str) -> None:
@@ -424,20 +482,12 @@ def loaded_model(job: JobInfo, dtype: str | None = None) -> LoadedModel:
     return _load(str(job.run_dir), stamp, str(workspace()), dtype)
 
 
-def conversion_picker(jobs: list[JobInfo], key: str) -> JobInfo:
-    """Select box over finished conversions; the choice is shared by the Chat and Attention pages."""
-    ids = [j.id for j in jobs]
+def conversion_picker(conversions: list[Conversion], key: str) -> Conversion:
+    """Select box over converted models; the choice is shared by the pages that pick one."""
+    by_key = {c.key: c for c in conversions}
+    keys = list(by_key)
     chosen = st.session_state.get("conversion")
-    index = ids.index(chosen) if chosen in ids else 0
-    by_id = {j.id: j for j in jobs}
-    job_id = st.selectbox("Conversion", ids, index=index, key=key,
-                          format_func=lambda i: _conversion_label(by_id[i]))
-    st.session_state["conversion"] = job_id
-    return by_id[job_id]
-
-
-def _conversion_label(job: JobInfo) -> str:
-    cfg = job.config
-    model = cfg.get("model", {}).get("source", "?")
-    attn = cfg.get("attention", {})
-    return f"#{job.id} {job.name or ''} · {model} · {attn.get('kind', '?')}/{attn.get('feature_map', '?')}".replace("  ", " ")
+    index = keys.index(chosen) if chosen in keys else 0
+    picked = st.selectbox("Conversion", keys, index=index, key=key, format_func=lambda k: by_key[k].label)
+    st.session_state["conversion"] = picked
+    return by_key[picked]

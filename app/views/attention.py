@@ -79,7 +79,7 @@ def main() -> None:
     st.title("Attention")
     st.caption("Teacher (softmax) vs student (LoLCATs) attention weights for a short prompt: rows are queries, "
                "columns are keys; future keys are masked.")
-    jobs = common.finished_conversions()
+    jobs = common.conversions()
     if not jobs:
         common.no_conversion_notice("The Attention view", "attention_demo")
         return
@@ -87,7 +87,7 @@ def main() -> None:
     try:
         n_layers, kept = _layers_info(job)
     except Exception as exc:  # noqa: BLE001 - a run folder that cannot be loaded: say why
-        st.error(f"Could not load conversion #{job.id} from {job.run_dir}: {exc}")
+        st.error(f"Could not load {job.title} from {job.run_dir}: {exc}")
         return
     prompt = st.text_area("Prompt", value=DEFAULT_PROMPT, key="attention_prompt", height=110,
                           help=f"Short prompts only: the first {MAX_TOKENS} tokens are shown.")

@@ -108,7 +108,7 @@ def _warm_up_once(lm, prepared, settings) -> None:
 def main() -> None:
     st.title("Chat")
     st.caption("One message, two answers: the original model (teacher) and its linearized version (student).")
-    jobs = common.finished_conversions()
+    jobs = common.conversions()
     if not jobs:
         common.no_conversion_notice("Chat", "chat_demo")
         return
@@ -119,7 +119,7 @@ def main() -> None:
     try:
         lm = common.loaded_model(job, PRECISIONS[precision])
     except Exception as exc:  # noqa: BLE001 - a run folder that cannot be loaded: say why
-        st.error(f"Could not load conversion #{job.id} from {job.run_dir}: {exc}")
+        st.error(f"Could not load {job.title} from {job.run_dir}: {exc}")
         return
     settings, context = _settings(generation.context_limit(lm.model))
     history = st.session_state.setdefault("chat_history", {}).setdefault(str(job.run_dir), [])

@@ -35,7 +35,7 @@ def _label(job: JobInfo) -> str:
     return f"#{job.id} {job.name or ''} · {what}".replace("  ", " ")
 
 
-def _launch_form(conversions: list[JobInfo], expanded: bool) -> None:
+def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
     """Queue an evaluate job on one finished conversion's run folder."""
     with st.expander("Evaluate a conversion", expanded=expanded, icon=":material/fact_check:"):
         st.caption("Runs the teacher (the same weights with the original attention) and the converted student "
@@ -43,9 +43,8 @@ def _launch_form(conversions: list[JobInfo], expanded: bool) -> None:
                    "`offline` is the bundled task set (no network); `paper` is the LoLCATs suite (PiQA, ARC, "
                    "HellaSwag, Winogrande, MMLU 5-shot), which downloads its data sets from the hub. Context "
                    "lengths add quality by context length against the untrained sliding-window baselines.")
-        by_id = {j.id: j for j in conversions}
-        chosen = st.selectbox("Conversion", list(by_id), key="eval_conversion",
-                              format_func=lambda i: common.job_label(by_id[i]))
+        by_key = {c.key: c for c in conversions}
+        chosen = st.selectbox("Conversion", list(by_key), key="eval_conversion", format_func=lambda k: by_key[k].label)
         c1, c2, c3 = st.columns([2, 1, 2])
         tasks = c1.text_input("Tasks", "offline", key="eval_tasks",
                               help="lm-eval task names separated by commas, or `offline` / `paper`; empty: no task "
@@ -56,11 +55,11 @@ def _launch_form(conversions: list[JobInfo], expanded: bool) -> None:
                                      "token counts separated by commas, or `auto` (up to 8x the training length); "
                                      "empty: none.")
         if st.button("Evaluate", type="primary", key="eval_submit", icon=":material/play_arrow:"):
-            job = by_id[chosen]
-            config = {"run": job.run_dir.relative_to(common.workspace()).as_posix(), "tasks": tasks.strip() or None,
+            conv = by_key[chosen]
+            config = {"run": conv.run_dir.relative_to(common.workspace()).as_posix(), "tasks": tasks.strip() or None,
                       "limit": int(limit) or None, "lengths": lengths.strip() or None}
-            common.queue_and_show(EVALUATE, config, f"eval-{job.id}",
-                                  lambda queued: f"Queued evaluation job #{queued.id} of conversion #{job.id}.")
+            common.queue_and_show(EVALUATE, config, f"eval-{conv.tag}",
+                                  lambda queued: f"Queued evaluation job #{queued.id} of {conv.title}.")
 
 
 def _active() -> None:
@@ -110,7 +109,7 @@ def _compare(sources: list[tuple[JobInfo, dict[str, dict]]]) -> None:
                  column_config={"retention": st.column_config.NumberColumn(format=f"%{charts.RATIO_FORMAT}")})
 
 
-def _long_context_sources(job: JobInfo) -> list[tuple[str, dict]]:
+def _long_context_sources(job: common.Conversion) -> list[tuple[str, dict]]:
     """``(where from, section)`` of every long-context evaluation of conversion ``job``: evaluate jobs
     on its run folder (newest first), then ``lolcats eval``'s eval.json, then its own report.json."""
     here = job.run_dir.resolve()
@@ -122,7 +121,7 @@ def _long_context_sources(job: JobInfo) -> list[tuple[str, dict]]:
     return [(where, section) for where, section in found if section]
 
 
-def _long_context(conversions: list[JobInfo]) -> None:
+def _long_context(conversions: list[common.Conversion]) -> None:
     """Quality by context length of one conversion: ratio by position (chart) and by length (table),
     the verdict against each baseline, and the passkey grid."""
     st.subheader("Long context")
@@ -165,7 +164,7 @@ st.caption("Task accuracy, measured the way the field measures it: lm-evaluation
            "converted student, side by side; and quality by context length against the untrained "
            "sliding-window baselines.")
 common.show_flash()
-conversions = common.finished_conversions()
+conversions = common.conversions()
 sources = [(job, results) for job in [*common.list_jobs(kind=EVALUATE, status="succeeded"),
                                       *common.list_jobs(kind=common.CONVERT, status="succeeded")]
            if (results := _results(job))]

@@ -27,16 +27,16 @@ def _ints(text: str, name: str) -> list[int]:
     return values
 
 
-def _launch_form(conversions: list[JobInfo], expanded: bool) -> None:
+def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
     with st.expander("Run a benchmark", expanded=expanded, icon=":material/speed:"):
         st.caption("Measures prefill and decode speed and peak memory of the teacher and of a student with the same "
                    "conversion settings, side by side in one job (speed and memory do not depend on the trained "
                    "weights). It runs in the background like a conversion.")
-        by_id = {j.id: j for j in conversions}
+        by_id = {c.key: c for c in conversions}
         options = [None, *by_id]
         source = st.selectbox("Model and attention settings", options, key="bench_source",
                               format_func=lambda i: "bundled SmolLM2-135M-Instruct, recipe attention" if i is None
-                              else f"as conversion {common.job_label(by_id[i])}")
+                              else f"as {by_id[i].label}")
         c1, c2, c3, c4 = st.columns(4)
         batches = c1.text_input("Batch sizes", DEFAULTS["batch_sizes"], key="bench_batches")
         contexts = c2.text_input("Context lengths", DEFAULTS["prompt_lengths"], key="bench_contexts")
@@ -57,7 +57,7 @@ def _launch_form(conversions: list[JobInfo], expanded: bool) -> None:
                                            "feature_dim": attn.get("feature_dim", 64),
                                            "window_size": attn.get("window_size", 64),
                                            "softmax_layers": common.softmax_layers(by_id[source])}
-                name = f"bench-{source}" if source is not None else "bench"
+                name = f"bench-{by_id[source].tag}" if source is not None else "bench"
                 job = api.submit_job(common.BENCHMARK, config, name=name, **common.ws())
             except (JobsError, ValueError) as exc:
                 st.error(str(exc), icon=":material/error:")
@@ -185,7 +185,7 @@ def main() -> None:
     st.caption("Tokens per second and peak memory of the teacher (softmax attention, KV cache) and the student "
                "(LoLCATs attention, constant-size state) across batch sizes and context lengths.")
     jobs = common.list_jobs(kind=common.BENCHMARK)
-    _launch_form(common.finished_conversions(), expanded=not jobs)
+    _launch_form(common.conversions(), expanded=not jobs)
     if not jobs:
         st.info("No benchmark yet: launch one above. The charts appear here when it finishes.")
         return

@@ -21,8 +21,9 @@ def _z(trace) -> np.ndarray:
 def test_heatmaps_of_a_finished_conversion(seeded_ws):
     at = open_page("views/attention.py")
     assert not at.exception
-    assert widget(at, "selectbox", "attention_conversion").value in (seeded_ws.conversion, seeded_ws.conversion_sw)
-    widget(at, "selectbox", "attention_conversion").set_value(seeded_ws.conversion).run()
+    assert widget(at, "selectbox", "attention_conversion").value in (f"job:{seeded_ws.conversion}",
+                                                                     f"job:{seeded_ws.conversion_sw}")
+    widget(at, "selectbox", "attention_conversion").set_value(f"job:{seeded_ws.conversion}").run()
     widget(at, "selectbox", "attention_layer").set_value(1).run()
     widget(at, "selectbox", "attention_head").set_value(2).run()
     assert not at.exception
@@ -49,7 +50,7 @@ def test_heatmaps_of_a_finished_conversion(seeded_ws):
 
 def test_log_scale_and_all_heads(seeded_ws):
     at = open_page("views/attention.py")
-    widget(at, "selectbox", "attention_conversion").set_value(seeded_ws.conversion).run()
+    widget(at, "selectbox", "attention_conversion").set_value(f"job:{seeded_ws.conversion}").run()
     widget(at, "radio", "attention_scale").set_value("log").run()
     fig = _heatmaps(at)
     assert fig["layout"]["coloraxis"]["cmin"] == pytest.approx(-6.0)
@@ -79,7 +80,7 @@ def test_axes_show_each_tokens_text(seeded_ws):
 
 def test_short_prompt_explains_the_window(seeded_ws):
     at = open_page("views/attention.py")
-    widget(at, "selectbox", "attention_conversion").set_value(seeded_ws.conversion).run()
+    widget(at, "selectbox", "attention_conversion").set_value(f"job:{seeded_ws.conversion}").run()
     widget(at, "text_area", "attention_prompt").set_value("Hello there").run()
     assert any("all inside the window" in i.value and "more than 32 tokens" in i.value for i in at.info)
 
@@ -88,3 +89,28 @@ def test_empty_state(fresh_ws):
     at = open_page("views/attention.py")
     assert "needs a finished conversion" in texts(at)
     assert any(b.key == "attention_demo" for b in at.button)
+
+
+def test_runs_and_exports_made_outside_the_workbench_are_listed_and_open(seeded_ws, fresh_ws):
+    """A run folder written by ``lolcats convert -o runs/demo`` and an export in exports/: listed by
+    origin beside the jobs' conversions, and the CLI run opens with readable token labels."""
+    import shutil
+
+    from core.export.folder import export
+
+    shutil.copytree(seeded_ws.workspace / "models", fresh_ws / "models")
+    shutil.copytree(seeded_ws.workspace / "runs" / str(seeded_ws.conversion), fresh_ws / "runs" / "demo")
+    export(fresh_ws / "runs" / "demo", fresh_ws / "exports" / "demo-export", workspace=fresh_ws)
+    (fresh_ws / "runs" / "unfinished").mkdir()  # a run folder without its config: not a conversion
+    at = open_page("views/attention.py")
+    picker = widget(at, "selectbox", "attention_conversion")
+    assert sorted(picker.options) == sorted(["exports/demo-export (export) · tiny-random-llama · terraced/hedgehog",
+                                             "runs/demo (run) · tiny-random-llama · terraced/hedgehog"])
+    picker.set_value("runs/demo").run()
+    widget(at, "text_area", "attention_prompt").set_value("猫は🐈 sat on the mat").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert _heatmaps(at)["data"][0]["x"][-4:] == ["8 ␣sat", "9 ␣on", "10 ␣the", "11 ␣mat"]
+    picker = widget(at, "selectbox", "attention_conversion")
+    picker.set_value("exports/demo-export").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert len(_heatmaps(at)["data"][0]["x"]) == 12

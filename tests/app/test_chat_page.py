@@ -29,7 +29,7 @@ def _send(at, message: str):
 
 def test_both_models_answer_with_speed_and_memory(seeded_ws):
     at = open_page("views/chat.py")
-    widget(at, "selectbox", "chat_conversion").set_value(seeded_ws.conversion).run()
+    widget(at, "selectbox", "chat_conversion").set_value(f"job:{seeded_ws.conversion}").run()
     widget(at, "number_input", "chat_max_new").set_value(12).run()
     _send(at, "What is two plus two?")
     answers = _answers(at)
@@ -59,7 +59,7 @@ def test_both_models_warm_up_before_the_first_timed_answer(seeded_ws, monkeypatc
 
     monkeypatch.setattr(generation, "stream_answer", recording)
     at = open_page("views/chat.py")
-    widget(at, "selectbox", "chat_conversion").set_value(seeded_ws.conversion).run()
+    widget(at, "selectbox", "chat_conversion").set_value(f"job:{seeded_ws.conversion}").run()
     widget(at, "number_input", "chat_max_new").set_value(5).run()
     _send(at, "What is two plus two?")
     warm = generation.WARM_UP_TOKENS
@@ -92,7 +92,7 @@ def generate_calls(monkeypatch):
 
 def test_sampling_settings_are_used(seeded_ws, generate_calls):
     at = open_page("views/chat.py")
-    widget(at, "selectbox", "chat_conversion").set_value(seeded_ws.conversion).run()
+    widget(at, "selectbox", "chat_conversion").set_value(f"job:{seeded_ws.conversion}").run()
     widget(at, "number_input", "chat_max_new").set_value(6).run()
     _send(at, "Say something.")  # greedy
     widget(at, "slider", "chat_temperature").set_value(1.0).run()
@@ -161,12 +161,12 @@ def running_conversion(seeded):
 
 def test_chat_and_heatmaps_work_while_a_conversion_runs(seeded_ws, running_conversion):
     at = open_page("views/chat.py")
-    widget(at, "selectbox", "chat_conversion").set_value(seeded_ws.conversion).run()
+    widget(at, "selectbox", "chat_conversion").set_value(f"job:{seeded_ws.conversion}").run()
     widget(at, "number_input", "chat_max_new").set_value(8).run()
     _send(at, "Are you still there?")
     assert len(_answers(at)) == 2
     at = open_page("views/attention.py")
-    widget(at, "selectbox", "attention_conversion").set_value(seeded_ws.conversion).run()
+    widget(at, "selectbox", "attention_conversion").set_value(f"job:{seeded_ws.conversion}").run()
     widget(at, "text_area", "attention_prompt").set_value("A different prompt while training runs").run()
     assert not at.exception and plotly_figures(at)
     info = api.get_job(running_conversion.id, workspace=seeded_ws.workspace)
@@ -195,7 +195,7 @@ def test_bfloat16_precision_answers_with_a_bfloat16_copy(seeded_ws, monkeypatch)
     monkeypatch.setattr(runs, "load_converted", spy)
     common._load.clear()
     at = open_page("views/chat.py")
-    widget(at, "selectbox", "chat_conversion").set_value(seeded_ws.conversion).run()
+    widget(at, "selectbox", "chat_conversion").set_value(f"job:{seeded_ws.conversion}").run()
     widget(at, "number_input", "chat_max_new").set_value(6).run()
     widget(at, "radio", "chat_precision").set_value("bfloat16").run()
     _send(at, "What is two plus two?")

@@ -92,7 +92,7 @@ def test_the_empty_state_queues_an_evaluation_of_a_finished_conversion(fresh_ws)
     conversion = finished_job(fresh_ws, "convert", {"seed": 0}, "tiny-test", None)
     at = open_page(PAGE)
     assert "No task accuracy yet" in texts(at)
-    assert widget(at, "selectbox", "eval_conversion").value == conversion
+    assert widget(at, "selectbox", "eval_conversion").value == f"job:{conversion}"
     widget(at, "number_input", "eval_limit").set_value(5).run()
     button(at, "eval_submit").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]

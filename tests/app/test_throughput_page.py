@@ -183,7 +183,7 @@ def test_benchmark_of_an_auto_conversion_gets_the_chosen_layers(fresh_ws):
     store.mark_succeeded(db, conversion, claim.attempt, {"softmax_layers": [1], "layer_score": "kl",
                                                          "layer_scores": [0.5, 0.75]})
     at = open_page("views/throughput.py")
-    widget(at, "selectbox", "bench_source").set_value(conversion).run()
+    widget(at, "selectbox", "bench_source").set_value(f"job:{conversion}").run()
     button(at, "bench_submit").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     (bench,) = api.list_jobs(kind="benchmark", workspace=fresh_ws)
