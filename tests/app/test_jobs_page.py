@@ -275,3 +275,19 @@ def test_a_damaged_database_is_shown_not_a_traceback(fresh_ws):
     at = open_page("views/jobs.py")
     assert not at.exception
     assert any("the job database" in e.value and "is damaged" in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_a_run_folder_deleted_under_the_app_is_said_not_crashed(fresh_ws):
+    """The run folder of a finished conversion removed by hand: the Jobs page still shows the job and
+    its stored report, and the pages that open conversions no longer offer it."""
+    import shutil
+
+    report = {"teacher_ppl": 5.0, "student_ppl": 5.5, "ppl_ratio": 1.1}
+    job = finished_job(fresh_ws, "convert", {"data": {"seq_len": 64}}, "gone", report)
+    shutil.rmtree(fresh_ws / "runs" / str(job))
+    at = open_page("views/jobs.py")
+    widget(at, "selectbox", "jobs_selected").set_value(job).run()
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric}["Ratio"] == "1.100"
+    at.switch_page("views/attention.py").run()
+    assert not at.exception and "needs a finished conversion" in texts(at)
