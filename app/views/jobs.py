@@ -112,7 +112,7 @@ def _manage(job: JobInfo) -> None:
     active = job.status in common.ACTIVE
     with c3.popover("Delete", icon=":material/delete:", disabled=active,
                     help="Cancel the job first." if active else "Delete the job, its logs and its run folder."):
-        st.warning(f"Job #{job.id}, its logs, metrics and run folder `{job.run_dir}` are deleted for good.")
+        st.markdown(f":red[Job #{job.id}, its logs, metrics and run folder `{job.run_dir}` are deleted for good.]")
         if st.button(f"Delete job #{job.id}", key=f"delete_{job.id}", type="primary"):
             try:
                 api.delete_job(job.id, **common.ws())

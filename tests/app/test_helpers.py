@@ -155,7 +155,7 @@ def test_native_figures_fall_back_on_foreign_reports():
 def test_throughput_figure_one_line_per_model():
     pts = bench_results.normalise({"points": [
         {"model": m, "batch_size": b, "prompt_length": 64, "gen_length": 4, "tokens_per_second": t * b,
-         "peak_memory_bytes": 2**20 * b}
+         "peak_memory_bytes": 2**30 * b}
         for m, t in (("teacher", 10.0), ("student", 20.0)) for b in (1, 2, 4)]
         + [{"model": "teacher", "batch_size": 8, "prompt_length": 64, "gen_length": 4, "status": "oom"}]})
     fig = charts.throughput_figure(pts, "batch_size", "tokens_per_second")
@@ -163,7 +163,8 @@ def test_throughput_figure_one_line_per_model():
     assert lines == {"teacher (context=64, gen=4)": ([1, 2, 4], [10.0, 20.0, 40.0]),
                      "student (context=64, gen=4)": ([1, 2, 4], [20.0, 40.0, 80.0])}
     mem = charts.throughput_figure(pts, "batch_size", "peak_memory_bytes")
-    assert list(mem.data[0].y) == [1.0, 2.0, 4.0]  # MiB
+    assert list(mem.data[0].y) == [1.0, 2.0, 4.0]  # GiB
+    assert mem.layout.yaxis.title.text.endswith("(GiB)")
 
 
 # ---------------------------------------------------------------------------------------------- heatmaps

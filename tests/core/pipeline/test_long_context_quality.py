@@ -26,8 +26,8 @@ CONFIG = preset(
 )
 
 
-BAND = 1.2  # student / teacher perplexity at the training length (measured: see the closing assertion)
-MARGIN = 2.0  # the untrained swap's perplexity over the student's, at least
+BAND = 1.2  # student / teacher perplexity at the training length (measured 1.103: 5.43 against 4.92)
+MARGIN = 3.0  # the untrained swap's perplexity over the student's, at least (measured 30.9 / 5.43 = 5.7)
 
 
 def untrained_swap_perplexity(workspace) -> float:
@@ -44,7 +44,6 @@ def untrained_swap_perplexity(workspace) -> float:
 def test_a_short_conversion_is_close_to_its_teacher_and_holds_at_four_times_its_training_length(workspace):
     report = core.run_convert(CONFIG, workspace / "runs" / "long", workspace=workspace)
     swap = untrained_swap_perplexity(workspace)
-    print("MEASURED", report["student_ppl"], report["teacher_ppl"], report["ppl_ratio"], swap)
     assert report["student_ppl"] * MARGIN < swap, (report["student_ppl"], swap)
     assert report["ppl_ratio"] <= BAND, report["ppl_ratio"]
     section = report["long_context"]
