@@ -9,12 +9,15 @@ import time
 import urllib.request
 
 import psutil
+import pytest
 from typer.testing import CliRunner
 
 from app.cli import app as cli
 from app.server import ui_command
 from jobs import api
 from tests.app.serving import AppProcess, free_port
+
+pytestmark = pytest.mark.slow  # the app command with its worker and UI processes
 
 
 def test_help_lists_the_options():

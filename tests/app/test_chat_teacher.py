@@ -19,6 +19,8 @@ from core.pipeline.runs import load_converted
 from core.run_folder import EXPORT_CONFIG
 from tests.tiny_runs import convert_tiny, merged_weights_with_softmax
 
+pytestmark = pytest.mark.slow  # a tiny conversion and its export
+
 
 def test_teacher_unavailable_names_the_reason():
     model = nn.Linear(2, 2)

@@ -126,6 +126,7 @@ def test_docker_compose_accepts_the_file():
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_worker_health_check_command(compose, tmp_path):
     """The compose health check, run as compose runs it: unhealthy without a worker, healthy with one."""
     ws = tmp_path / "ws"

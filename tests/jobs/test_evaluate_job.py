@@ -15,6 +15,8 @@ from jobs.errors import ConfigError
 from jobs_testutil import run_dir, stop_and_resume, wait_for, wait_status
 from tests.tiny_runs import convert_tiny
 
+pytestmark = pytest.mark.slow  # a tiny conversion, then lm-eval jobs through a real worker
+
 OFFLINE = ["lolcats_gsm8k_answer", "lolcats_kjv_lastword", "lolcats_kjv_next"]
 LIMIT = 5
 CONFIG = {"run": "runs/tiny", "tasks": "offline", "limit": LIMIT}

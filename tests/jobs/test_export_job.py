@@ -16,6 +16,8 @@ from jobs.kinds import ExportConfig, run_export_job
 from jobs_testutil import run_dir
 from tests.tiny_runs import convert_tiny
 
+pytestmark = pytest.mark.slow  # a tiny conversion exported through a real worker
+
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):

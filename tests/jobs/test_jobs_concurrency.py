@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 
 from jobs import api
@@ -19,6 +20,8 @@ from core.io import atomic_write_json
 from jobs.models import JobEvent
 from jobs.selftest import selftest_state
 from jobs_testutil import WriteLockHolder, read_checkpoint, starts, wait_for, wait_status
+
+pytestmark = pytest.mark.slow  # workers racing over many jobs
 
 HERE = Path(__file__).resolve().parent
 

@@ -16,6 +16,8 @@ from jobs.selftest import selftest_state
 from jobs.worker import Worker, WorkerOptions, _Child
 from jobs_testutil import WORKER_EXIT_S, group_alive, pid_alive, read_checkpoint, run_dir, starts, wait_for, wait_status
 
+pytestmark = pytest.mark.slow  # real worker and job processes, signals and timeouts
+
 
 def _progress_at_least(ws, job_id, step):
     def check():

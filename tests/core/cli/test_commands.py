@@ -141,6 +141,7 @@ def test_bench_refuses_a_generation_length_below_two(cli, workspace, tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_ablate_runs_the_four_variants_and_prints_the_table(cli, workspace, tmp_path):
     out = tmp_path / "ablation"
     result = runner.invoke(cli, ["ablate", "--preset", "tiny-test", "--steps", "2", "--kinds", "linear",

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from core.eval.harness import offline_tasks
+
+pytestmark = pytest.mark.slow  # lm-evaluation-harness through the CLI
 
 runner = CliRunner()
 LIMIT = 3

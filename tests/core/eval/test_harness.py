@@ -19,6 +19,8 @@ from core.config import ConfigError
 from core.progress import RecordingProgress, StopRequested
 from tests.tiny_runs import convert_tiny
 
+pytestmark = pytest.mark.slow  # lm-evaluation-harness on converted tiny models (minutes)
+
 LIMIT = 20
 TASKS_LIMIT = 5  # the conversion's own evaluation (eval.tasks_limit)
 OFFLINE = ["lolcats_gsm8k_answer", "lolcats_kjv_lastword", "lolcats_kjv_next"]

@@ -160,6 +160,7 @@ def test_a_tiny_conversion_reports_quality_by_length_against_both_baselines(tmp_
     assert len(section["passkey"]["accuracy"]["student"]) == 1
 
 
+@pytest.mark.slow
 def test_the_time_budget_drops_the_longest_lengths(tmp_path):
     model, tokenizer, _ = core.load_converted(convert_tiny(tmp_path, eval={"long_context": {"enabled": False}})[0])
     spec = LongContextSpec(lengths=[64, 512], sequences=1, passkey_trials=0, time_budget_s=1e-6)

@@ -13,6 +13,8 @@ from core.pipeline.ablation import (
 )
 from core.progress import RecordingProgress
 
+pytestmark = pytest.mark.slow  # four conversions per ablation
+
 BASE = preset("tiny-test")
 KINDS = ("linear", "terraced")
 TOTAL = 2

@@ -4,12 +4,15 @@ parallel forward at that precision."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DynamicCache
 
 from core.eval.metrics import teacher_context
 from core.pipeline.runs import load_converted
 from tests.core.attention.test_surgery import left_padded_batch, positions, rel_err
+
+pytestmark = pytest.mark.slow  # conversions and exports cast to bfloat16
 
 IDS, MASK = left_padded_batch([60, 41], 60, seed=3)
 

@@ -12,6 +12,8 @@ from core.pipeline.budget_spec import BudgetSweepConfig
 from core.pipeline.budgets import run_budget_sweep
 from core.progress import RecordingProgress
 
+pytestmark = pytest.mark.slow  # a conversion per softmax budget
+
 CONTEXT = 64
 
 

@@ -19,6 +19,8 @@ from core.pipeline.convert import run_convert
 from core.export.folder import export
 from core.pipeline.runs import load_converted
 
+pytestmark = pytest.mark.slow  # Llama and Gemma 3 exports loaded by plain transformers
+
 IDS = torch.randint(5, 1000, (2, 40), generator=torch.Generator().manual_seed(0))
 NEW_TOKENS = 24
 

@@ -51,7 +51,8 @@ def test_head_dim_64_features_128(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("blocks", [(32, 16), (64, 64)], ids=["small-blocks", "default-blocks"])
+@pytest.mark.parametrize("blocks", [pytest.param((32, 16), marks=pytest.mark.slow), (64, 64)],
+                         ids=["small-blocks", "default-blocks"])
 def test_decaying_history(kind, blocks):
     """A decaying history (gamma_h from 0.6 to 1 across heads): output and all seven gradients, log
     gamma's included, against the float64 oracle and the PyTorch form, with left padding, over
