@@ -73,6 +73,25 @@ def test_a_run_stopped_in_stage_2_resumes_with_the_same_choice(auto_run, workspa
     assert first == json.loads((out_full / CHOICE_FILE).read_text())
 
 
+def test_a_run_killed_while_it_scores_its_layers_resumes_to_the_same_result(auto_run, workspace):
+    """What a kill during layer scoring leaves: stage 1 finished, no choice saved (it is written
+    whole once scored), stage 2 not started. The resumed run scores again and ends as the
+    uninterrupted run did."""
+    import shutil
+
+    out_full, report_full = auto_run
+    config = preset("tiny-test", attention=AUTO)
+    out = workspace / "runs" / "auto-killed-scoring"
+    with pytest.raises(StopRequested):
+        run_convert(config, out, StopInStage2(), workspace=workspace)
+    (out / CHOICE_FILE).unlink()
+    shutil.rmtree(out / "stage2")
+    report = run_convert(config, out, resume=True, workspace=workspace)
+    assert json.loads((out / CHOICE_FILE).read_text()) == json.loads((out_full / CHOICE_FILE).read_text())
+    for key in ("teacher_ppl", "student_ppl", "val_ppl"):
+        assert report[key] == pytest.approx(report_full[key], rel=1e-5), key
+
+
 def test_mse_score_and_a_budget_that_keeps_everything(workspace):
     out, report = convert_tiny(workspace, "auto-mse", attention={**AUTO, "softmax_score": "mse"},
                                stage2={"enabled": False})
