@@ -135,7 +135,8 @@ def _form(problems) -> None:
     described = {**PRESET_DESCRIPTIONS, forms.RECIPE: "the paper's Llama 3 8B recipe values"}
     st.selectbox("Preset", forms.preset_names(), key=P + "preset", on_change=_apply_preset,
                  help="Fills every field below; edit any of them afterwards.")
-    st.caption(described[st.session_state[P + "preset"]])
+    if _BASE not in st.session_state:  # else the form shows the loaded config, not the preset
+        st.caption(described[st.session_state[P + "preset"]])
     _base_notice()
     _yaml_loader()
 

@@ -1,6 +1,7 @@
 """End to end in headless Chromium: ``lolcats app`` on a free port, launch a ``tiny-test`` conversion
 from the Launch page, watch it succeed on the Jobs page, open Layers and Attention, chat with both
-models. Screenshots go to ``$LOLCATS_ARTIFACTS_DIR`` (default ``tmp/artifacts/e2e`` in the project);
+models, export it from the Jobs page, start a new conversion from its config (a missing data file
+refused), and open a run folder made outside the workbench on the Attention page. Screenshots go to ``$LOLCATS_ARTIFACTS_DIR`` (default ``tmp/artifacts/e2e`` in the project);
 with ``LOLCATS_UPDATE_SCREENSHOT=1`` the Chat screenshot also replaces ``docs/screenshot.png`` (the README's
 image; the committed one shows a conversion of the bundled SmolLM2, which answers in words)."""
 
@@ -151,4 +152,50 @@ def test_launch_watch_inspect_and_chat(page, running_app, workspace):
     if os.environ.get("LOLCATS_UPDATE_SCREENSHOT") == "1":
         SCREENSHOT.parent.mkdir(exist_ok=True)
         shutil.copy(chat, SCREENSHOT)
+    _export_and_reuse(page, workspace, job.id)
+    _cli_run_on_the_attention_page(page, workspace, job.id)
     print(f"end-to-end flow in {time.monotonic() - t0:.0f} s; screenshots in {ARTIFACTS}")
+
+
+def _export_and_reuse(page, workspace, job_id: int) -> None:
+    """Jobs: export the finished conversion from the page (an export job the app's worker runs), then
+    start a new conversion from its config; the Launch page refuses a data file that does not exist."""
+    _goto(page, "Jobs")
+    page.get_by_role("button", name="Export").click()
+    export = None
+    deadline = time.monotonic() + CONVERSION_TIMEOUT_S
+    while export is None or export.status not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline, "the export job did not finish"
+        time.sleep(0.5)
+        export = next((j for j in api.list_jobs(kind="export", workspace=workspace)), None)
+    assert export.status == "succeeded", export.error
+    assert (workspace / "exports" / str(job_id) / "lolcats.json").is_file()
+    page.get_by_role("button", name="New conversion from this job").click()
+    page.get_by_role("heading", name="Launch a conversion").wait_for()
+    page.get_by_text(f"job #{job_id}").first.wait_for()  # "Based on job #1 ...": the form holds its config
+    _idle(page)
+    page.get_by_text("Local json / jsonl / parquet / txt file").click()
+    _idle(page)
+    path = page.get_by_label("File path")
+    path.fill("/no/such/rows.jsonl")
+    path.press("Enter")
+    page.get_by_text(re.compile(r"'/no/such/rows\.jsonl' does not exist")).first.wait_for()
+    assert page.get_by_role("button", name="Launch conversion").is_disabled()
+    _shot(page, "6-relaunch-refused-data")
+
+
+def _cli_run_on_the_attention_page(page, workspace, job_id: int) -> None:
+    """A run folder made outside the workbench (here a copy, as `lolcats convert -o runs/cli-demo`
+    leaves one) opens on the Attention page; a CJK + emoji prompt reads as text and bytes."""
+    shutil.copytree(workspace / "runs" / str(job_id), workspace / "runs" / "cli-demo")
+    _goto(page, "Attention")
+    page.get_by_text("Mean |difference|").wait_for(timeout=120_000)
+    page.get_by_test_id("stSelectbox").filter(has_text="Conversion").first.click()
+    page.get_by_role("option").filter(has_text="runs/cli-demo (run)").click()
+    _idle(page)
+    prompt = page.get_by_role("textbox", name="Prompt")
+    prompt.fill("猫は🐈 sat on the mat")
+    prompt.press("Control+Enter")
+    page.wait_for_function("() => document.body.innerHTML.includes('&lt;0xE7&gt;') "
+                           "&& document.body.innerHTML.includes('␣sat')", timeout=120_000)
+    _shot(page, "7-cli-run-attention")

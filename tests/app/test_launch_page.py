@@ -158,6 +158,7 @@ def test_a_pasted_yaml_config_fills_the_form_and_keeps_the_fields_outside_it(fre
     assert widget(at, "radio", "launch_model_choice").value == "tiny"
     assert widget(at, "number_input", "launch_window_size").value == 8
     assert "Based on pasted config" in texts(at).replace("**", "") and "The config is valid." in texts(at)
+    assert not any(c.value in PRESET_DESCRIPTIONS.values() for c in at.caption)  # the preset is not what is shown
     widget(at, "number_input", "launch_stage1_steps").set_value(6).run()
     assert [b.key for b in at.get("download_button")] == ["launchyaml_download"]
     button(at, "launch_submit").click().run()
