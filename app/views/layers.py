@@ -13,14 +13,17 @@ from jobs import api
 from jobs.records import JobInfo, MetricPoint
 
 
-def _pick(jobs: list[JobInfo]) -> JobInfo:
-    by_id = {j.id: j for j in jobs}
-    ids = list(by_id)
-    if st.session_state.get("layers_job") not in ids:
+def _pick(jobs: list[JobInfo], outside: list[common.Conversion]) -> JobInfo | common.Conversion:
+    """A conversion job (by id; a running one first), or a run folder or export made outside the
+    workbench (by its folder)."""
+    by_key: dict = {j.id: j for j in jobs} | {c.key: c for c in outside}
+    keys = list(by_key)
+    if st.session_state.get("layers_job") not in keys:
         running = [j.id for j in jobs if j.status == "running"]
-        st.session_state["layers_job"] = running[0] if running else ids[0]
-    job_id = st.selectbox("Conversion", ids, key="layers_job", format_func=lambda i: common.job_label(by_id[i]))
-    return by_id[job_id]
+        st.session_state["layers_job"] = running[0] if running else keys[0]
+    key = st.selectbox("Conversion", keys, key="layers_job", format_func=lambda k: (
+        common.job_label(by_key[k]) if isinstance(k, int) else by_key[k].label))
+    return by_key[key]
 
 
 def _series(points, stage: str, names: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
@@ -101,21 +104,36 @@ def _job_view(job_id: int) -> None:
     if s2:
         c2.plotly_chart(charts.stage_curves(s2, title="Stage 2: next-token loss", y_title="cross-entropy"),
                         key="layers_stage2")
-    result = common.report(job) if job.status == "succeeded" else None
-    mse = (result or {}).get("per_layer_mse")
-    if isinstance(mse, list) and mse:
-        kept = common.softmax_layers(job, result)
-        scores = result.get("layer_scores")
-        left, right = st.columns(2) if isinstance(scores, list) else (st.container(), None)
-        left.plotly_chart(charts.final_layer_mse({f"#{job.id}": mse}, {f"#{job.id}": kept}, log_y=log_y),
-                          key="layers_bars")
-        worst = max(range(len(mse)), key=lambda i: mse[i] or 0.0)
-        left.caption(f"Highest final MSE: layer {worst} ({common.fmt_number(mse[worst])}). Layers kept as softmax "
-                     "have no value.")
-        if right is not None:
-            _scores_view(right, scores, kept, str(result.get("layer_score", "")), log_y)
-    elif job.status != "succeeded":
+    if job.status != "succeeded":
         st.caption("The final per-layer MSE appears when the job succeeds.")
+    elif not _final_view(f"#{job.id}", job, common.report(job), log_y):
+        st.caption("This conversion's report has no per-layer MSE.")
+
+
+def _final_view(label: str, conversion, result: dict | None, log_y: bool) -> bool:
+    """The final per-layer MSE of a report (beside the layer scores of a ``softmax_layers: auto``
+    run); False when the report has none."""
+    mse = (result or {}).get("per_layer_mse")
+    if not (isinstance(mse, list) and mse):
+        return False
+    kept = common.softmax_layers(conversion, result)
+    scores = result.get("layer_scores")
+    left, right = st.columns(2) if isinstance(scores, list) else (st.container(), None)
+    left.plotly_chart(charts.final_layer_mse({label: mse}, {label: kept}, log_y=log_y), key="layers_bars")
+    worst = max(range(len(mse)), key=lambda i: mse[i] or 0.0)
+    left.caption(f"Highest final MSE: layer {worst} ({common.fmt_number(mse[worst])}). Layers kept as softmax "
+                 "have no value.")
+    if right is not None:
+        _scores_view(right, scores, kept, str(result.get("layer_score", "")), log_y)
+    return True
+
+
+def _folder_view(conversion: common.Conversion) -> None:
+    """A run folder or export made outside the workbench: no training metrics here, its report's final
+    per-layer MSE when it has one."""
+    st.caption(f"{conversion.title}: made outside the workbench, so its training curves are not recorded here.")
+    if not _final_view(conversion.name, conversion, conversion.result, st.session_state.get("layers_log", True)):
+        st.info("Its report has no per-layer MSE (an export keeps none; `lolcats eval` on it measures one).")
 
 
 def _scores_view(column, scores: list, kept: list[int], score: str, log_y: bool) -> None:
@@ -175,15 +193,18 @@ st.title("Layers")
 st.caption("Attention-output MSE between each converted layer and its original softmax attention, on the same "
            "layer input. Stage 1 trains the feature maps to drive it down.")
 jobs = common.list_jobs(kind=common.CONVERT)
-if not jobs:
+outside = [c for c in common.conversions() if c.job is None]
+if not jobs and not outside:
     common.no_conversion_notice("The Layers view", "layers_demo")
 else:
     c1, c2 = st.columns([3, 1])
     with c1:
-        selected = _pick(jobs)
+        selected = _pick(jobs, outside)
     with c2:
         st.toggle("Log scale", value=True, key="layers_log")
-    if selected.status in common.ACTIVE:
+    if isinstance(selected, common.Conversion):
+        _folder_view(selected)
+    elif selected.status in common.ACTIVE:
         st.fragment(run_every=common.REFRESH_S)(_job_view)(selected.id)
     else:
         _job_view(selected.id)

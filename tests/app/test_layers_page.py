@@ -213,3 +213,26 @@ def test_the_final_mse_is_no_bar_chart_on_a_log_axis(fresh_ws, log_scale):
     assert log_axis == log_scale
     assert not (log_axis and any(t.get("type") == "bar" for t in final["data"]))
     assert final["data"][0]["y"] == pytest.approx([None, 0.375])
+
+
+def test_runs_and_exports_made_outside_the_workbench_show_their_final_per_layer_mse(fresh_ws):
+    import json
+
+    config = {"model": {"source": "tiny-random-llama"}, "attention": {"kind": "terraced", "feature_map": "hedgehog",
+                                                                     "softmax_layers": [1]}}
+    run = fresh_ws / "runs" / "demo"
+    (run / "stage1").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "report.json").write_text(json.dumps({"per_layer_mse": [0.02, None, 0.05]}))
+    export = fresh_ws / "exports" / "demo-export"
+    export.mkdir(parents=True)
+    (export / "lolcats.json").write_text(json.dumps({"config": config}))
+    at = open_page("views/layers.py")
+    picker = widget(at, "selectbox", "layers_job")
+    assert sorted(picker.options) == ["exports/demo-export (export) · tiny-random-llama · terraced/hedgehog",
+                                      "runs/demo (run) · tiny-random-llama · terraced/hedgehog"]
+    picker.set_value("runs/demo").run()
+    assert not at.exception
+    assert "Highest final MSE: layer 2 (0.05)" in texts(at)
+    widget(at, "selectbox", "layers_job").set_value("exports/demo-export").run()
+    assert any("has no per-layer MSE" in i.value for i in at.info)
