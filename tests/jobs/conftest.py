@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import psutil
@@ -34,6 +35,24 @@ def ws(tmp_path) -> Path:
                 proc.kill()
             except psutil.Error:
                 pass
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """A workspace holding a tiny-test run (runs/tiny) and the models it needs, built once per module."""
+    from tests.tiny_runs import convert_tiny  # torch loads here, only for the modules that use it
+
+    root = tmp_path_factory.mktemp("template")
+    convert_tiny(root)
+    return root
+
+
+@pytest.fixture
+def tiny_ws(ws, template):
+    """A fresh workspace with a copy of the template's tiny-test run and models."""
+    for part in ("models", "runs"):
+        shutil.copytree(template / part, ws / part)
+    return ws
 
 
 @pytest.fixture

@@ -6,35 +6,18 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
 
 from jobs import api
 from jobs.errors import ConfigError
 from jobs_testutil import run_dir, stop_and_resume, wait_for, wait_status
-from tests.tiny_runs import convert_tiny
 
 pytestmark = pytest.mark.slow  # a tiny conversion, then lm-eval jobs through a real worker
 
 OFFLINE = ["lolcats_gsm8k_answer", "lolcats_kjv_lastword", "lolcats_kjv_next"]
 LIMIT = 5
 CONFIG = {"run": "runs/tiny", "tasks": "offline", "limit": LIMIT}
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory):
-    """A workspace holding a tiny-test run (runs/tiny) and the models it needs, built once."""
-    root = tmp_path_factory.mktemp("template")
-    convert_tiny(root)
-    return root
-
-
-@pytest.fixture
-def tiny_ws(ws, template):
-    for part in ("models", "runs"):
-        shutil.copytree(template / part, ws / part)
-    return ws
 
 
 def test_an_evaluation_job_succeeds_with_the_report_and_progress_rows(tiny_ws, start_worker):

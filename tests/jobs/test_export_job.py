@@ -5,7 +5,6 @@ half-way leaving the earlier one whole."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import huggingface_hub
 import pytest
@@ -14,24 +13,8 @@ from jobs import api
 from jobs.errors import ConfigError
 from jobs.kinds import ExportConfig, run_export_job
 from jobs_testutil import run_dir
-from tests.tiny_runs import convert_tiny
 
 pytestmark = pytest.mark.slow  # a tiny conversion exported through a real worker
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory):
-    """A workspace holding a tiny-test run (runs/tiny) and the models it needs, built once."""
-    root = tmp_path_factory.mktemp("template")
-    convert_tiny(root)
-    return root
-
-
-@pytest.fixture
-def tiny_ws(ws, template):
-    for part in ("models", "runs"):
-        shutil.copytree(template / part, ws / part)
-    return ws
 
 
 def _refused(ws, config) -> list[str]:

@@ -40,23 +40,14 @@ def _gpt2_folder(tmp_path):
      "attention.softmax_layers: [5] out of range: model 'tiny-random-llama' has 2 layers; use layer indices 0..1"),
     (["data.seq_len=4096"], "data.seq_len: 4096 is above the model's maximum positions (2048"),
     (["model.source=/no/such/model-folder"], "model.source: model path '/no/such/model-folder' does not exist"),
+    (["data.source=/no/such/rows.jsonl"], "data.source: dataset file '/no/such/rows.jsonl' does not exist"),
+    (["data.eval_text=held-out/missing.txt"], "data.eval_text: dataset file "),
 ])
-def test_submit_refuses_a_config_that_does_not_fit_the_model(submit, ws, sets, words):
+def test_submit_refuses_a_config_that_cannot_run(submit, ws, sets, words):
     result = submit(*sets)
     assert result.exit_code == 1, result.output
     assert words in " ".join(result.output.split())
     assert len(result.output.strip().splitlines()) == 1
-    assert api.list_jobs(workspace=ws) == []
-
-
-@pytest.mark.parametrize("sets, words", [
-    (["data.source=/no/such/rows.jsonl"], "data.source: dataset file '/no/such/rows.jsonl' does not exist"),
-    (["data.eval_text=held-out/missing.txt"], "data.eval_text: dataset file "),
-])
-def test_submit_refuses_data_that_cannot_be_read(submit, ws, sets, words):
-    result = submit(*sets)
-    assert result.exit_code == 1, result.output
-    assert words in " ".join(result.output.split())
     assert api.list_jobs(workspace=ws) == []
 
 
