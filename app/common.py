@@ -322,26 +322,22 @@ def stage_eta(job: JobInfo, points: list[MetricPoint]) -> float | None:
     return max(left - since_last, 0.0)
 
 
-
-
-def pace_points(job: JobInfo) -> list[MetricPoint]:
-    """The job's metric rows that time its steps (one per step of each stage)."""
-    return [p for name in PACE_METRICS for p in api.job_metrics(job.id, name=name, **ws())]
+def _pace_points(job_id: int, root: Path | str) -> list[MetricPoint]:
+    """A job's metric rows that time its steps (one per step of each stage)."""
+    return [p for name in PACE_METRICS for p in api.job_metrics(job_id, name=name, workspace=root)]
 
 
 def overall(job: JobInfo):
     """:func:`app.progress.overall_progress` of ``job`` now (None unless a running conversion)."""
     if job.kind != CONVERT or job.status != "running":
         return None
-    return overall_progress(job, pace_points(job), utcnow())
+    return overall_progress(job, _pace_points(job.id, workspace()), utcnow())
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def _unit_seconds(job_id: int, root: str, config_json: str) -> float | None:
     """Seconds per cost unit a finished conversion measured (it does not change: cached)."""
-    job = api.get_job(job_id, workspace=root)
-    return seconds_per_unit(json.loads(config_json), [p for name in PACE_METRICS
-                                                      for p in api.job_metrics(job.id, name=name, workspace=root)])
+    return seconds_per_unit(json.loads(config_json), _pace_points(job_id, root))
 
 
 def wall_time_estimate(config: dict) -> tuple[float, JobInfo] | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from core.pipeline.phases import Phase, conversion_phases
+from core.pipeline.phases import Phase, conversion_phases, unlisted_phases
 from jobs.records import JobInfo, MetricPoint
 
 PACE_METRICS = ("loss", "nll")  # one row per step of a training or an evaluation stage
@@ -56,13 +56,6 @@ def _done(phases: list[Phase], job: JobInfo) -> list[float]:
     return [1.0 if i < current else min(step, 1.0) if i == current else 0.0 for i in range(len(phases))]
 
 
-def _after(config: dict) -> str:
-    evaluation = config.get("eval", {})
-    parts = [what for what, on in (("long-context evaluation", evaluation.get("long_context", {}).get("enabled")),
-                                   ("task accuracy", evaluation.get("tasks"))) if on]
-    return " and ".join(parts)
-
-
 def overall_progress(job: JobInfo, points: list[MetricPoint], now: datetime) -> Overall | None:
     """Overall progress of a running conversion (``points``: its metric rows of
     :data:`PACE_METRICS`; ``now``: naive UTC); None for another job or state."""
@@ -75,13 +68,13 @@ def overall_progress(job: JobInfo, points: list[MetricPoint], now: datetime) -> 
     per_unit = measured[-1] if measured else None
     if per_unit is None:
         units = [p.steps * p.cost for p in phases]
-        return Overall(sum(d * u for d, u in zip(done, units)) / sum(units), None, _after(job.config))
+        return Overall(sum(d * u for d, u in zip(done, units)) / sum(units), None, unlisted_phases(job.config))
     seconds = [(s if s is not None else p.cost * per_unit) * p.steps for s, p in zip(paces, phases)]
     left = sum((1 - d) * s for d, s in zip(done, seconds))
     last = max((p.time for p in points if p.attempt == job.attempt), default=None)
     if last is not None and left > 0:
         left = max(left - (now - last).total_seconds(), 0.0)
-    return Overall(sum(d * s for d, s in zip(done, seconds)) / sum(seconds), left, _after(job.config))
+    return Overall(sum(d * s for d, s in zip(done, seconds)) / sum(seconds), left, unlisted_phases(job.config))
 
 
 def seconds_per_unit(config: dict, points: list[MetricPoint]) -> float | None:

@@ -390,11 +390,11 @@ def run_export_job(config: ExportConfig, run_dir: Path, progress) -> dict:
     export(Path.cwd() / config.run, partial, workspace=Path.cwd())
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
-    files = sorted(p for p in out.rglob("*") if p.is_file())
+    files = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
     return {
         "folder": config.output,
-        "files": {str(p.relative_to(out)): p.stat().st_size for p in files},
-        "bytes": sum(p.stat().st_size for p in files),
+        "files": files,
+        "bytes": sum(files.values()),
         "card": (out / CARD_FILE).read_text(encoding="utf-8"),
         "load": load_snippet(str(out)),
         "pushed": push_to_hub(out, config.push_to_hub, private=config.private) if config.push_to_hub else None,

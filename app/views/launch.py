@@ -18,6 +18,7 @@ import yaml
 from app import common, forms
 from core.config import FEATURE_MAPS, KINDS, PRESET_DESCRIPTIONS
 from core.config.constants import SOFTMAX_SCORES
+from core.pipeline.phases import unlisted_phases
 
 P = "launch_"  # widget key prefix
 _SAVED = "launch_saved_values"  # survives page switches (Streamlit drops widget state of hidden pages)
@@ -234,9 +235,8 @@ def _estimate(config: dict) -> str:
         return (f"- wall time: no estimate yet (no conversion of {config['model']['source']} in "
                 f"{config['model']['dtype']} has finished in this workspace)")
     seconds, job = found
-    extra = [what for what, on in (("long-context evaluation", config["eval"]["long_context"]["enabled"]),
-                                   ("task accuracy", config["eval"]["tasks"])) if on]
-    then = f", plus {' and '.join(extra)}" if extra else ""
+    extra = unlisted_phases(config)
+    then = f", plus {extra}" if extra else ""
     return (f"- wall time: about **{common.fmt_duration(seconds)}** for the training and perplexity phases (model "
             f"loading aside) at the pace job #{job.id} measured here{then}")
 

@@ -43,4 +43,13 @@ def conversion_phases(config: dict[str, Any]) -> list[Phase]:
     return phases
 
 
-__all__ = ["Phase", "conversion_phases"]
+def unlisted_phases(config: dict[str, Any]) -> str:
+    """What a conversion with ``config`` runs after its listed phases, in words (``""`` when nothing):
+    ``long-context evaluation``, ``task accuracy``, or both joined by ``and``."""
+    evaluation = config.get("eval", {})
+    parts = [what for what, on in (("long-context evaluation", evaluation.get("long_context", {}).get("enabled")),
+                                   ("task accuracy", evaluation.get("tasks"))) if on]
+    return " and ".join(parts)
+
+
+__all__ = ["Phase", "conversion_phases", "unlisted_phases"]
