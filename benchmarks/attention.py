@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from core.attention import hybrid_attention  # noqa: E402
 from kernels.hybrid.naive import naive_hybrid_attention  # noqa: E402
 from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state  # noqa: E402
-from kernels.hybrid.window import KINDS  # noqa: E402
+from kernels.hybrid.window import KINDS, WindowRule  # noqa: E402
 
 B, H, HKV, D, F, W = 1, 9, 3, 64, 128, 64
 
@@ -68,7 +68,7 @@ def prefill_point(impl: str, kind: str, L: int, repeats: int) -> dict:
     torch.set_grad_enabled(False)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     fn = {"efficient": hybrid_attention, "oracle": naive_hybrid_attention}[impl]
-    seconds = timed(lambda: fn(*args, kind, W), repeats)
+    seconds = timed(lambda: fn(*args, WindowRule(kind, W)), repeats)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"impl": impl, "kind": kind, "L": L, "seconds": seconds, "peak_extra_bytes": max(peak - base, 0)}
 
@@ -119,10 +119,11 @@ def run_decode(contexts, steps: int) -> list[dict]:
         row = {"context": L, "softmax_kv_cache": timed(softmax_step, steps)}
         key_features = lambda keys: torch.rand(keys.shape[0], H, keys.shape[2], F) + 1e-3  # noqa: E731
         for kind in KINDS:
-            state = prefill_state(kind, W, kc, vc, kf[:, :, :L], mask)
+            rule = WindowRule(kind, W)
+            state = prefill_state(rule, kc, vc, kf[:, :, :L], mask)
             row[kind] = timed(
-                lambda: decode_step_torch(state, kind, W, qt, kt, vt, qft, mix, torch.ones(B, dtype=torch.bool),
-                                    key_features, D**-0.5),
+                lambda: decode_step_torch(state, rule, qt, kt, vt, qft, mix, torch.ones(B, dtype=torch.bool), key_features,
+                                          D**-0.5),
                 steps,
             )
         rows.append(row)

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.io import is_oom  # noqa: E402 (after the path setup)
-from kernels.hybrid.window import KINDS, window_start  # noqa: E402
+from kernels.hybrid.window import KINDS, WindowRule, window_start  # noqa: E402
 
 DEV = "cuda"  # "cpu" only for --cpu-smoke (Triton interpreter, tiny shapes, meaningless numbers)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -126,9 +126,10 @@ def hybrid_impls(kind, w):
     from kernels.hybrid.chunk_torch import hybrid_attention_torch
     from kernels.hybrid.chunk_triton import hybrid_attention_triton
 
+    rule = WindowRule(kind, w)
     return {
-        "triton": lambda t, mask, **kw: hybrid_attention_triton(*t, kind, w, mask, **kw),
-        "torch_form": lambda t, mask, **kw: hybrid_attention_torch(*t, kind, w, mask),
+        "triton": lambda t, mask, **kw: hybrid_attention_triton(*t, rule, mask, **kw),
+        "torch_form": lambda t, mask, **kw: hybrid_attention_torch(*t, rule, mask),
     }
 
 
@@ -232,7 +233,7 @@ def check(args) -> dict:
             res = {}
             for name, fn in (("triton", hybrid_attention_triton), ("torch", hybrid_attention_torch)):
                 leaves = [t.detach().clone().requires_grad_() for t in tensors]
-                y = fn(*leaves, kind, args.window, mask)
+                y = fn(*leaves, WindowRule(kind, args.window), mask)
                 (y.float() * dy).sum().backward()
                 res[name] = [y.detach()] + [torch.zeros_like(t) if t.grad is None else t.grad for t in leaves]
             m = mask.bool()[:, None, :, None]
@@ -265,13 +266,13 @@ def check_decode(args) -> dict:
             mask = torch.ones(B, P, dtype=torch.bool, device=DEV)
             mask[1, :13] = False
             # two states: each step writes its window cache in place
-            s_ref, s_tri = (prefill_state(kind, w, k, v, key_features(k), mask) for _ in range(2))
+            s_ref, s_tri = (prefill_state(WindowRule(kind, w), k, v, key_features(k), mask) for _ in range(2))
             worst = 0.0
             for _ in range(args.check_steps):
                 q1 = torch.randn(B, H, 1, d, device=DEV)
                 k1, v1 = torch.randn(B, Hkv, 1, d, device=DEV), torch.randn(B, Hkv, 1, d, device=DEV)
                 valid = torch.ones(B, dtype=torch.bool, device=DEV)
-                a = (kind, w, q1, k1, v1, fq(q1), mix, valid, key_features, d**-0.5)
+                a = (WindowRule(kind, w), q1, k1, v1, fq(q1), mix, valid, key_features, d**-0.5)
                 y_ref, s_ref = decode_step_torch(s_ref, *a)
                 y_tri, s_tri = decode_step_triton(s_tri, *a)
                 worst = max(worst, rel_rms(y_tri, y_ref), rel_rms(s_tri.S, s_ref.S))
@@ -390,13 +391,13 @@ def decode(args) -> list[dict]:
                 P = 4 * w + 3
                 k, v = torch.randn(B, Hkv, P, d, device=DEV, dtype=dtype), torch.randn(B, Hkv, P, d, device=DEV, dtype=dtype)
                 kfeat = torch.rand(B, H, P, F, device=DEV)
-                state = prefill_state(kind, w, k, v, kfeat, torch.ones(B, P, dtype=torch.bool, device=DEV))
+                state = prefill_state(WindowRule(kind, w), k, v, kfeat, torch.ones(B, P, dtype=torch.bool, device=DEV))
                 q1 = torch.randn(B, H, 1, d, device=DEV, dtype=dtype)
                 k1, v1 = torch.randn(B, Hkv, 1, d, device=DEV, dtype=dtype), torch.randn(B, Hkv, 1, d, device=DEV, dtype=dtype)
                 qf1 = torch.rand(B, H, 1, F, device=DEV)
                 feats = lambda keys: torch.rand(keys.shape[0], H, keys.shape[2], F, device=DEV)  # noqa: E731
                 valid = torch.ones(B, dtype=torch.bool, device=DEV)
-                a = (kind, w, q1, k1, v1, qf1, mix, valid, feats, d**-0.5)
+                a = (WindowRule(kind, w), q1, k1, v1, qf1, mix, valid, feats, d**-0.5)
                 row = {"batch": B, "kind": kind}
                 row["torch_seconds"] = cuda_time(lambda: decode_step_torch(state, *a), args.repeats * 5)
                 row["triton_seconds"] = cuda_time(lambda: decode_step_triton(state, *a), args.repeats * 5)

@@ -1,9 +1,11 @@
-"""Backend choice for hybrid attention: the Triton kernels or the PyTorch form, for prefill and decoding.
+"""Hybrid attention, the public op: its contract (checked here) and the backend, Triton or PyTorch.
 
-Entry points: :func:`hybrid_attention` (a whole sequence, ``chunk_triton`` or ``chunk_torch``),
-:func:`decode_step` (one token against the recurrent state, ``recurrent_triton`` or
-``recurrent_torch``), :func:`prefill_state` (the state a prefill leaves behind, PyTorch) and
-:func:`prefill_chunk` (a chunk of a prompt from a carried state, ``kernels.hybrid.carry``, PyTorch).
+Entry points: :func:`hybrid_attention` (a whole sequence: checks its inputs, then ``chunk_triton``
+or ``chunk_torch``; ``core.attention.hybrid_attention`` is this function), :func:`decode_step` (one
+token against the recurrent state, ``recurrent_triton`` or ``recurrent_torch``), :func:`prefill_state`
+(the state a prefill leaves behind, PyTorch) and :func:`prefill_chunk` (a chunk of a prompt from a
+carried state, ``kernels.hybrid.carry``, PyTorch). Every one takes the window rule as a
+:class:`kernels.hybrid.window.WindowRule`.
 The backend, in order of precedence: the ``backend`` argument; :func:`set_backend`; the
 ``LOLCATS_KERNELS`` environment variable (``auto``, the default, ``triton`` or ``torch``).
 ``auto`` picks Triton for CUDA tensors when a one-off smoke test passes (else it warns once and
@@ -24,6 +26,7 @@ from kernels.hybrid import recurrent_torch
 from kernels.hybrid.carry import prefill_chunk
 from kernels.hybrid.chunk_torch import hybrid_attention_torch
 from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, prefill_state
+from kernels.hybrid.window import WindowRule
 
 ENV_VAR = "LOLCATS_KERNELS"
 BACKENDS = ("auto", "triton", "torch")
@@ -117,7 +120,7 @@ def _smoke_test(device: torch.device, signature: tuple) -> str | None:
                 outs = []
                 for fn in (chunk_triton.hybrid_attention_triton, hybrid_attention_torch):
                     leaves = [t.clone().requires_grad_() for t in inputs]
-                    y = fn(*leaves, kind, 8, mask, decay=decay)
+                    y = fn(*leaves, WindowRule(kind, 8), mask, decay=decay)
                     y.float().sum().backward()
                     outs.append([y.detach()] + [leaves[i].grad for i in (2, 3)])  # y, dv, dq_feat
             worst = max(((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-12)).item() for a, b in zip(*outs))
@@ -175,28 +178,112 @@ def _chunk_only_backend(backend: str | None, sinks: int) -> str | None:
     return "torch"
 
 
-def hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, sinks=0, *,
-                     decay=None, backend=None):
-    """Hybrid attention through the selected backend; arguments as ``core.attention.hybrid_attention``."""
-    name = _chunk_only_backend(backend, sinks) or select_backend(q.device, backend, _signature(kind, q, q_feat, decay))
+def check_inputs(q, k, v, q_feat, k_feat, mix, rule, attention_mask=None, decay=None) -> None:
+    """The contract of :func:`hybrid_attention` on its inputs: raises ``ValueError`` naming the
+    expected and the given shapes (``TypeError`` when ``rule`` is not a :class:`WindowRule`; the
+    rule checks its kind, window and sink tokens itself)."""
+    if not isinstance(rule, WindowRule):
+        raise TypeError(f"rule must be a kernels.hybrid.window.WindowRule(kind, window_size, sinks); got {rule!r}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D [B, H, L, d]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, H, L, d = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[2] != L or k.shape[3] != d:
+        raise ValueError(f"k and v must be [B, H_kv, L, d] = [{B}, H_kv, {L}, {d}]; got {tuple(k.shape)}, {tuple(v.shape)}")
+    if H % k.shape[1] != 0:
+        raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({k.shape[1]})")
+    if q_feat.shape[:3] != (B, H, L) or k_feat.shape != q_feat.shape:
+        raise ValueError(
+            f"q_feat and k_feat must be [B, H, L, F] with B, H, L = {B}, {H}, {L}; "
+            f"got {tuple(q_feat.shape)}, {tuple(k_feat.shape)}"
+        )
+    if mix.shape != (H,):
+        raise ValueError(f"mix must have shape [H] = [{H}]; got {tuple(mix.shape)}")
+    if attention_mask is not None and attention_mask.shape != (B, L):
+        raise ValueError(f"attention_mask must be [B, L] = [{B}, {L}]; got {tuple(attention_mask.shape)}")
+    if decay is not None and decay.shape != (H,):
+        raise ValueError(f"decay must have shape [H] = [{H}]; got {tuple(decay.shape)}")
+
+
+def hybrid_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_feat: torch.Tensor,
+    k_feat: torch.Tensor,
+    mix: torch.Tensor,
+    rule: WindowRule,
+    attention_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    *,
+    decay: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """LoLCATs linear / sliding-window / terraced hybrid attention (causal). For query n
+    (``kernels/hybrid/chunk_torch.py``, docs/kernels.md)
+
+        y_n = (sum_{j in W(n)} g_h exp(q_n.k_j/sqrt(d) - c_n) v_j + phi_q(q_n)^T S_hist(n))
+              / (sum_{j in W(n)} g_h exp(q_n.k_j/sqrt(d) - c_n)   + phi_q(q_n)^T z_hist(n))
+
+    with g_h = sigmoid(mix_h), c_n the window max, one joint normaliser and the linear term not
+    rescaled by exp(-c_n) (paper Eq. 6); W(n) and the history are the ``rule``'s
+    (``kernels/hybrid/window.py``). Optional sink tokens: the first s keys stay in W(n) for every
+    later query and out of the history. Optional decay: each history term weighted by
+    gamma_h^(its age past the window's edge) (``kernels/hybrid/decay.py``).
+
+    Args:
+        q: ``[B, H, L, d]`` queries after RoPE.
+        k, v: ``[B, H_kv, L, d]`` keys (after RoPE) and values; H must be a multiple of H_kv
+            (grouped-query attention; do not repeat them).
+        q_feat, k_feat: ``[B, H, L, F]`` feature maps phi_q(q), phi_k(k) per query head; must be
+            non-negative.
+        mix: ``[H]`` mixing logits; the window weight is sigmoid(mix). Ignored by ``linear``.
+        rule: the window rule, :class:`kernels.hybrid.window.WindowRule` ``(kind, window_size,
+            sinks)``: the kind (``linear``, ``sliding_window`` or ``terraced``), w, the window
+            (sliding) or tile (terraced) length, and s, the sink tokens (keys at positions < s stay
+            in the softmax part for every later query and never enter the linear history; not
+            with ``linear``).
+        attention_mask: ``[B, L]``, 1 for tokens and 0 for padding. Padded keys contribute
+            nothing; outputs at padded queries are unspecified (finite). Window and tile
+            positions count from each row's first real token. Default: ``None`` (no padding).
+        scale: score scale. Default: ``None`` (``d ** -0.5``).
+        decay: ``[H]`` log gamma_h <= 0: history key j of query n weighted by
+            gamma_h^(window_start(p_n) - 1 - p_j). Default: ``None`` (no decay, the paper's).
+        backend: ``auto``, ``triton`` or ``torch`` (module docstring). Default: ``None`` (the
+            process's choice, :func:`set_backend` or ``LOLCATS_KERNELS``).
+
+    Returns:
+        ``[B, H, L, d]`` in the dtype of ``q`` (accumulation in float32).
+
+    Raises:
+        ValueError: a shape that breaks the contract (:func:`check_inputs`; a bad kind, window or
+            sink count is refused when the :class:`WindowRule` is made).
+        KernelBackendError: ``triton`` requested where it cannot run, or with sink tokens.
+
+    Example::
+
+        rule = WindowRule("terraced", window_size=64, sinks=4)
+        y = hybrid_attention(q, k, v, q_feat, k_feat, mix, rule, attention_mask)
+    """
+    check_inputs(q, k, v, q_feat, k_feat, mix, rule, attention_mask, decay)
+    signature = _signature(rule.kind, q, q_feat, decay)
+    name = _chunk_only_backend(backend, rule.sinks) or select_backend(q.device, backend, signature)
     if name == "triton":
         chunk_triton, _ = load_triton()
-        return chunk_triton.hybrid_attention_triton(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale,
-                                                    decay=decay)
-    return hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks, decay)
+        return chunk_triton.hybrid_attention_triton(q, k, v, q_feat, k_feat, mix, rule, attention_mask, scale, decay=decay)
+    return hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, rule, attention_mask, scale, decay=decay)
 
 
 def decode_step(
-    state: HybridState, kind: str, w: int, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
+    state: HybridState, rule: WindowRule, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
     decay=None, k_in=None, *, backend: str | None = None,
 ) -> tuple[torch.Tensor, HybridState]:
     """One decode step through the selected backend; arguments and result as
     :func:`kernels.hybrid.recurrent_torch.decode_step_torch`."""
-    if select_backend(q.device, backend, _signature(kind, q, q_feat, decay)) == "triton":
+    if select_backend(q.device, backend, _signature(rule.kind, q, q_feat, decay)) == "triton":
         _, recurrent_triton = load_triton()
-        return recurrent_triton.decode_step_triton(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale,
-                                                   decay, k_in)
-    return recurrent_torch.decode_step_torch(state, kind, w, q, k, v, q_feat, mix, valid, key_features, scale, decay, k_in)
+        return recurrent_triton.decode_step_triton(state, rule, q, k, v, q_feat, mix, valid, key_features, scale, decay,
+                                                   k_in)
+    return recurrent_torch.decode_step_torch(state, rule, q, k, v, q_feat, mix, valid, key_features, scale, decay, k_in)
 
 
 __all__ = [
@@ -204,6 +291,8 @@ __all__ = [
     "ENV_VAR",
     "HybridState",
     "KernelBackendError",
+    "WindowRule",
+    "check_inputs",
     "decode_step",
     "hybrid_attention",
     "load_triton",

@@ -30,7 +30,7 @@ from core.attention.layer import LolcatsAttention
 from core.attention.surgery import decoder_layers, lolcats_modules
 from core.eval.metrics import teacher_context
 from core.train.lora import base_model
-from kernels.hybrid.window import window_capacity
+from kernels.hybrid.window import WindowRule, window_capacity
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,8 @@ class WindowSoftmaxAttention(nn.Module):
         q, k, v = a.project(hidden_states, position_embeddings)[:3]
         none = q.new_zeros(B, q.shape[1], L, 1)  # phi = 0: no linear history
         b = self.baseline
-        y = hybrid_attention(q, k, v, none, none, q.new_zeros(q.shape[1]), b.kind, b.window, a.padding.current(L),
-                             a.scaling, b.sinks)
+        y = hybrid_attention(q, k, v, none, none, q.new_zeros(q.shape[1]), WindowRule(b.kind, b.window, b.sinks),
+                             a.padding.current(L), a.scaling)
         return a.o_proj(y.transpose(1, 2).reshape(B, L, -1)), None
 
 

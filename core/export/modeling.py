@@ -41,6 +41,7 @@ FEATURE_INITS = {FEATURE_INITS!r}
 """,
     "core.attention.functional": """
 from kernels.hybrid.chunk_torch import hybrid_attention_torch
+from kernels.hybrid.window import KINDS, WindowRule, check_kind
 
 hybrid_attention = hybrid_attention_torch  # the exported model runs the PyTorch forms
 """,

@@ -36,7 +36,7 @@ import torch
 from kernels.hybrid.chunk_torch import hybrid_terms_torch, normalise
 from kernels.hybrid.decay import advance, fold_ages
 from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_keys, store_sinks, visible_sinks
-from kernels.hybrid.window import window_start
+from kernels.hybrid.window import WindowRule, window_start
 
 
 def _first_tokens(state: HybridState, mask: torch.Tensor) -> torch.Tensor:
@@ -46,16 +46,21 @@ def _first_tokens(state: HybridState, mask: torch.Tensor) -> torch.Tensor:
 
 
 def prefill_chunk(
-    state: HybridState, kind: str, w: int, q, k, v, q_feat, k_feat, mix, mask, key_features: KeyFeatures, scale: float,
+    state: HybridState, rule: WindowRule, q, k, v, q_feat, k_feat, mix, mask, key_features: KeyFeatures, scale: float,
     decay=None, k_in=None,
 ) -> tuple[torch.Tensor, HybridState] | None:
     """Outputs ``[B, H, C, d]`` of a chunk of C tokens and the state after it; None when the chunk
     form does not apply (see the module docstring) and the caller steps token by token.
 
+    rule: the window rule the state was built with (:class:`kernels.hybrid.window.WindowRule`),
     q ``[B, H, C, d]``, k and v ``[B, H_kv, C, d]``, q_feat and k_feat ``[B, H, C, F]``, mix ``[H]``,
     mask ``[B, C]`` bool, key_features: raw keys ``[B, H_kv, K, d]`` -> ``[B, H, K, F]`` (for the
     ring's keys), decay: None or log gamma ``[H]``, k_in: None, or the keys phi_k reads when they
     are not k ``[B, H_kv, C, d]`` (the state then keeps them in its ring). ``state`` is not modified."""
+    if state.sinks != rule.sinks:
+        raise ValueError(f"the state holds {state.sinks} sink tokens and the rule {rule.sinks}; "
+                         "carry a state with the rule it was built with")
+    kind, w = rule.kind, rule.window_size
     B, H, C, d = q.shape
     K = state.win_k.shape[2]
     seen = state.seen
@@ -81,7 +86,7 @@ def prefill_chunk(
         sink = store_sinks(sink, k, v, pos[:, K:], mask)
         kfx = kfx * (pos >= sinks)[:, None, :, None].to(kfx.dtype)  # sink keys never enter the history
         sink_keys = (sink[0], sink[1], visible_sinks(sink[2][:, None, :], kind, w, pos))
-    t = hybrid_terms_torch(qx, kx, vx, qfx, kfx, mix, kind, w, maskx, scale, sink_keys=sink_keys, decay=decay)[:, :, K:]
+    t = hybrid_terms_torch(qx, kx, vx, qfx, kfx, mix, rule, maskx, scale, sink_keys=sink_keys, decay=decay)[:, :, K:]
     qf = q_feat.float()
     before = torch.where(first >= 0, seen - 1 - first, torch.full_like(first, -1))  # the token before the chunk
     if decay is not None:  # the carried sums, aged to each query's window

@@ -8,8 +8,9 @@ g = sigmoid(mix), window W(n) and history Hist(n) (``kernels.hybrid.window``):
     y_n = (sum_{j in W(n)} g exp(s_nj - c_n) v_j + sum_{j in Hist(n)} (phi_q(q_n).phi_k(k_j)) v_j)
           / (sum_{j in W(n)} g exp(s_nj - c_n)    + sum_{j in Hist(n)}  phi_q(q_n).phi_k(k_j))
 
-With ``sinks`` = s > 0 the keys at positions < s join W(n) for every query n at or after them and
-leave Hist(n) (``kernels.hybrid.window``); c_n is then the max over the window and those keys.
+The window rule (kind, w and s sink tokens) is a :class:`kernels.hybrid.window.WindowRule`. With
+s > 0 the keys at positions < s join W(n) for every query n at or after them and leave Hist(n)
+(``kernels.hybrid.window``); c_n is then the max over the window and those keys.
 With ``decay`` (log gamma_h <= 0 per query head, ``[H]``) each history term is weighted by
 gamma_h^(window_start(p_n) - 1 - p_j), its age counted from the window's edge (``kernels.hybrid.decay``).
 Positions count from each row's first real token; padded keys contribute nothing. Memory is
@@ -24,7 +25,7 @@ import torch.nn.functional as F_
 
 from kernels.hybrid.blocks import blocks, cpu_inference
 from kernels.hybrid.decay import tile_ages
-from kernels.hybrid.window import check_sinks, window_start
+from kernels.hybrid.window import WindowRule, window_start
 
 LINEAR_CHUNK = 64  # chunk length of the causal linear part; any value gives the same result
 
@@ -214,11 +215,11 @@ def _sink_split(k, va, kf, mask, kind: str, w: int, sinks: int):
     return (k[:, :, :s], va[:, :, :s], visible), kf * (idx >= s)[None, None, :, None]
 
 
-def _terms(q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks, sink_keys, decay) -> torch.Tensor:
+def _terms(q, k, v, q_feat, k_feat, mix, rule: WindowRule, attention_mask, scale, sink_keys, decay) -> torch.Tensor:
     """:func:`hybrid_terms_torch` over whole tensors."""
     B, H, L, d = q.shape
     scale = d**-0.5 if scale is None else scale
-    sinks = check_sinks(kind, sinks)
+    kind, window_size, sinks = rule.kind, rule.window_size, rule.sinks
     (q, k, v, qf, kf), mask, shift = left_align(*(t.float() for t in (q, k, v, q_feat, k_feat)), attention_mask)
     if mask is None:
         mask = torch.ones(B, L, dtype=torch.bool, device=q.device)
@@ -249,50 +250,51 @@ def normalise(t: torch.Tensor) -> torch.Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
 
 
-def _in_pieces(op, width: int, dtype, q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks,
-               sink_keys, decay) -> torch.Tensor:
+def _in_pieces(op, width: int, dtype, q, k, v, q_feat, k_feat, mix, rule: WindowRule, attention_mask, scale, sink_keys,
+               decay) -> torch.Tensor:
     """``op`` (a function of :func:`_terms`'s arguments giving ``[B', H', L, width]``) over the
     whole tensors, or, for inference on CPU, over pieces of batch rows and key/value heads that
     each fit in cache (``kernels.hybrid.blocks``), written into one ``[B, H, L, width]`` output.
     Every row and every key/value head with its query heads is an independent problem."""
-    args = (q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask, scale, sinks, sink_keys, decay)
+    args = (q, k, v, q_feat, k_feat, mix, rule, attention_mask, scale, sink_keys, decay)
     if not cpu_inference(q, k, v, q_feat, k_feat, mix):
         return op(*args)
     B, H, L, _ = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
-    extra = sinks if sink_keys is None else sink_keys[0].shape[2]
-    pieces = blocks(B, Hkv, 4 * G * L * (2 * window_size + extra + q_feat.shape[-1]))  # scores + history per head
+    extra = rule.sinks if sink_keys is None else sink_keys[0].shape[2]
+    pieces = blocks(B, Hkv, 4 * G * L * (2 * rule.window_size + extra + q_feat.shape[-1]))  # scores + history per head
     if len(pieces) == 1:
         return op(*args)
     out = torch.empty(B, H, L, width, dtype=dtype, device=q.device)
     for rows, heads in pieces:
         hq = slice(heads.start * G, heads.stop * G)
         piece_sinks = None if sink_keys is None else (sink_keys[0][rows, heads], sink_keys[1][rows, heads], sink_keys[2][rows])
-        out[rows, hq] = op(q[rows, hq], k[rows, heads], v[rows, heads], q_feat[rows, hq], k_feat[rows, hq], mix[hq], kind,
-                           window_size, None if attention_mask is None else attention_mask[rows], scale, sinks, piece_sinks,
+        out[rows, hq] = op(q[rows, hq], k[rows, heads], v[rows, heads], q_feat[rows, hq], k_feat[rows, hq], mix[hq], rule,
+                           None if attention_mask is None else attention_mask[rows], scale, piece_sinks,
                            None if decay is None else decay[hq])
     return out
 
 
-def hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None, sinks=0,
+def hybrid_terms_torch(q, k, v, q_feat, k_feat, mix, rule: WindowRule, attention_mask=None, scale=None, *,
                        sink_keys=None, decay=None) -> torch.Tensor:
     """The op before its normalisation: [B, H, L, d + 1] float32, numerator (first d columns) and
     denominator (last column) of y_n, window terms times g plus history terms (:func:`normalise`
-    divides). Inputs as :func:`hybrid_attention_torch`; ``sink_keys`` (instead of ``sinks``) gives
-    the sink tokens explicitly, for a chunk whose own first keys are not the sequence's:
-    ``(keys [B, Hkv, s, d], values [B, Hkv, s, d], visible [B, L, s] bool)`` (the caller leaves
-    them out of ``k_feat``)."""
-    return _in_pieces(_terms, q.shape[-1] + 1, torch.float32, q, k, v, q_feat, k_feat, mix, kind, window_size,
-                      attention_mask, scale, sinks, sink_keys, decay)
+    divides). Inputs as :func:`hybrid_attention_torch`; ``sink_keys`` (in place of the sequence's
+    first ``rule.sinks`` keys) gives the sink tokens explicitly, for a chunk whose own first keys
+    are not the sequence's: ``(keys [B, Hkv, s, d], values [B, Hkv, s, d], visible [B, L, s]
+    bool)`` (the caller leaves them out of ``k_feat``)."""
+    return _in_pieces(_terms, q.shape[-1] + 1, torch.float32, q, k, v, q_feat, k_feat, mix, rule, attention_mask, scale,
+                      sink_keys, decay)
 
 
 def _attention(*args) -> torch.Tensor:
     return normalise(_terms(*args)).to(args[0].dtype)
 
 
-def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None,
-                           sinks=0, decay=None):
-    """See the module docstring. Inputs are assumed validated (see ``core.attention``)."""
-    return _in_pieces(_attention, q.shape[-1], q.dtype, q, k, v, q_feat, k_feat, mix, kind, window_size, attention_mask,
-                      scale, sinks, None, decay)
+def hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, rule: WindowRule, attention_mask=None, scale=None, *,
+                           decay=None):
+    """See the module docstring. Inputs are assumed validated (the contract and its checks:
+    :func:`kernels.dispatch.hybrid_attention`)."""
+    return _in_pieces(_attention, q.shape[-1], q.dtype, q, k, v, q_feat, k_feat, mix, rule, attention_mask, scale, None,
+                      decay)

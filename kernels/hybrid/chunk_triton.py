@@ -23,7 +23,7 @@ import torch
 
 from kernels._triton import INTERPRETER, tl, triton
 from kernels.hybrid.chunk_torch import left_align, restore_rows
-from kernels.hybrid.window import window_start
+from kernels.hybrid.window import WindowRule, window_start
 
 KIND_IDS = {"linear": 0, "sliding_window": 1, "terraced": 2}  # the KIND constexpr of the kernels (_window_start)
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -714,8 +714,7 @@ def hybrid_attention_triton(
     q_feat: torch.Tensor,
     k_feat: torch.Tensor,
     mix: torch.Tensor,
-    kind: str,
-    window_size: int = 64,
+    rule: WindowRule,
     attention_mask: torch.Tensor | None = None,
     scale: float | None = None,
     *,
@@ -726,16 +725,16 @@ def hybrid_attention_triton(
 ) -> torch.Tensor:
     """LoLCATs hybrid attention through the Triton kernels (forward and backward).
 
-    Same contract as :func:`kernels.hybrid.hybrid_attention_torch` (inputs assumed validated by
-    ``core.attention.hybrid_attention``).
+    Same contract as :func:`kernels.hybrid.chunk_torch.hybrid_attention_torch` (inputs assumed
+    validated by :func:`kernels.dispatch.hybrid_attention`), without sink tokens.
 
     Args:
         q: ``[B, H, L, d]`` queries after RoPE. Any strides with a unit last stride.
         k, v: ``[B, H_kv, L, d]`` keys and values, H a multiple of H_kv (not repeated).
         q_feat, k_feat: ``[B, H, L, F]`` feature maps per query head.
         mix: ``[H]`` mixing logits (window weight sigmoid(mix)); unused by ``linear``.
-        kind: ``linear``, ``sliding_window`` or ``terraced``.
-        window_size: w. Default: ``64``.
+        rule: the window rule, :class:`kernels.hybrid.window.WindowRule` (kind and w; ``sinks``
+            must be 0: the chunk kernels do not implement sink tokens).
         attention_mask: ``[B, L]``, 1 = token, 0 = padding. Default: ``None``.
         scale: score scale. Default: ``d ** -0.5``.
         decay: ``[H]`` log gamma_h <= 0 of a decaying history (module docstring). Default: ``None``.
@@ -746,14 +745,14 @@ def hybrid_attention_triton(
     Returns:
         ``[B, H, L, d]`` in the dtype of ``q``.
     """
-    if kind not in KIND_IDS:
-        raise ValueError(f"unknown attention kind {kind!r}; valid kinds: {', '.join(KIND_IDS)}")
+    if rule.sinks:
+        raise ValueError(f"the Triton chunk kernels do not implement sink tokens, got sinks={rule.sinks}; "
+                         "use the PyTorch form (kernels.hybrid.chunk_torch) or 0 sink tokens")
+    kind = rule.kind
     B, H, L, d = q.shape
     Fd = q_feat.shape[-1]
     if d > MAX_DIM or Fd > MAX_DIM:
         raise ValueError(f"the Triton kernels support head dim and feature dim up to {MAX_DIM}; got d={d}, F={Fd}")
-    if window_size < 1:
-        raise ValueError(f"window_size must be >= 1, got {window_size}")
     out_dtype = q.dtype
     if L == 0 or B == 0:
         return q.new_zeros(q.shape)
@@ -772,7 +771,7 @@ def hybrid_attention_triton(
     kmask = None if mask is None else mask.to(torch.uint8).contiguous()
     cfg = block_config(d, Fd, block_t, block_s, num_warps)
     fixed = block_t is not None or block_s is not None or num_warps is not None
-    y = HybridAttentionFunction.apply(q, k, v, qf, kf, mix, decay, kmask, kind, int(window_size), scale, cfg, fixed)
+    y = HybridAttentionFunction.apply(q, k, v, qf, kf, mix, decay, kmask, kind, rule.window_size, scale, cfg, fixed)
     return restore_rows(y, shift).to(out_dtype)
 
 

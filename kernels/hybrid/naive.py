@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from kernels.hybrid.decay import history_weights
-from kernels.hybrid.window import window_start
+from kernels.hybrid.window import WindowRule, window_start
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:
@@ -91,13 +91,14 @@ def hybrid_attention_matrix(
     return a / torch.where(den > 0, den, torch.ones_like(den))
 
 
-def naive_hybrid_attention(q, k, v, q_feat, k_feat, mix, kind, window_size=64, attention_mask=None, scale=None,
-                           sinks=0, decay=None):
+def naive_hybrid_attention(q, k, v, q_feat, k_feat, mix, rule: WindowRule, attention_mask=None, scale=None, *,
+                           decay=None):
     """Hybrid attention [B, H, L, d] in float64 as ``hybrid_attention_matrix @ v`` (0 at queries
     that attend to nothing); arguments as ``kernels.hybrid.chunk_torch.hybrid_attention_torch``."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k, v, qf, kf = (t.double() for t in (q, k, v, q_feat, k_feat))
-    a = hybrid_attention_matrix(q, k, qf, kf, mix.double(), kind, window_size, scale, attention_mask, sinks, decay)
+    a = hybrid_attention_matrix(q, k, qf, kf, mix.double(), rule.kind, rule.window_size, scale, attention_mask, rule.sinks,
+                                decay)
     return a @ _per_query_head(v, q.shape[1], torch.float64)
 
 

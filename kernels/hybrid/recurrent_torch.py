@@ -33,7 +33,7 @@ from kernels.hybrid.chunk_torch import augment_values
 from kernels.hybrid.compiled import maybe_compile
 from kernels.hybrid.decay import advance, fold_ages
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
-from kernels.hybrid.window import window_capacity, window_start
+from kernels.hybrid.window import WindowRule, window_start
 
 KeyFeatures = Callable[[torch.Tensor], torch.Tensor]  # raw keys [B, H_kv, K, d] -> [B, H, K, F]
 
@@ -122,11 +122,13 @@ def fold_keys(S, z, k_feat, v, weight):
     return S + Sz[..., :d], z + Sz[..., d]
 
 
-def prefill_state(kind, w, k, v, k_feat, mask, sinks: int = 0, decay=None, k_in=None) -> HybridState:
+def prefill_state(rule: WindowRule, k, v, k_feat, mask, decay=None, k_in=None) -> HybridState:
     """The state after a parallel forward over a whole prompt (empty state before).
 
-    k, v: [B, H_kv, L, d]; k_feat: [B, H, L, F]; mask: [B, L] bool (1 = token); sinks: s;
-    decay: None or log gamma [H]; k_in: None, or the keys phi_k read when they are not k [B, H_kv, L, d]."""
+    rule: the window rule (kind, w, s sink tokens); k, v: [B, H_kv, L, d]; k_feat: [B, H, L, F];
+    mask: [B, L] bool (1 = token); decay: None or log gamma [H]; k_in: None, or the keys phi_k
+    read when they are not k [B, H_kv, L, d]."""
+    kind, w, sinks = rule.kind, rule.window_size, rule.sinks
     B, Hkv, L, d = k.shape
     H, Fd = k_feat.shape[1], k_feat.shape[-1]
     idx = torch.arange(L, device=k.device)
@@ -143,7 +145,7 @@ def prefill_state(kind, w, k, v, k_feat, mask, sinks: int = 0, decay=None, k_in=
     if cols.numel():  # the span of folded keys: all but the window's, unless rows are padded
         a, b = int(cols[0]), int(cols[-1]) + 1
         S, z = fold_keys(S, z, k_feat[:, :, a:b], v[:, :, a:b], fold_ages(decay, kind, w, last, pos[:, a:b], fold[:, a:b]))
-    K = window_capacity(kind, w)
+    K = rule.capacity
     win_k, win_v = k.new_zeros(B, Hkv, K, d), v.new_zeros(B, Hkv, K, d)
     win_kin = None if k_in is None else k_in.new_zeros(B, Hkv, K, d)
     win_pos = torch.zeros(B, K, dtype=torch.long, device=k.device)
@@ -163,16 +165,18 @@ def prefill_state(kind, w, k, v, k_feat, mask, sinks: int = 0, decay=None, k_in=
 
 
 def decode_step_torch(
-    state: HybridState, kind: str, w: int, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
+    state: HybridState, rule: WindowRule, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
     decay=None, k_in=None,
 ) -> tuple[torch.Tensor, HybridState]:
     """Process one token for every row; returns y [B, H, 1, d] and the new state (which shares the
     window cache, updated in place, with ``state``).
 
-    q [B, H, 1, d], k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], mix [H] logits, valid [B] bool
-    (False for a padding token), key_features: raw keys [B, H_kv, C, d] -> [B, H, C, F] (phi_k per
-    query head, applied only to the keys folded into the state), scale: the score scale, decay:
-    None or log gamma [H], k_in: None, or the key phi_k reads when it is not k [B, H_kv, 1, d]."""
+    rule: the window rule the state was built with (its sink tokens are the state's), q [B, H, 1, d],
+    k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], mix [H] logits, valid [B] bool (False for a
+    padding token), key_features: raw keys [B, H_kv, C, d] -> [B, H, C, F] (phi_k per query head,
+    applied only to the keys folded into the state), scale: the score scale, decay: None or log
+    gamma [H], k_in: None, or the key phi_k reads when it is not k [B, H_kv, 1, d]."""
+    kind, w = rule.kind, rule.window_size
     first, pos = token_position(state, valid)
     S, z = advance(state.S, state.z, decay, kind, w, pos - 1, pos)
     if kind == "linear":  # no window: the key goes straight into the state

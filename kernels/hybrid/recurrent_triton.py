@@ -25,6 +25,7 @@ from kernels.hybrid.chunk_triton import head_indices, head_ptr, load_rows, load_
 from kernels.hybrid.decay import advance
 from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_weight, sink_fields, step_window
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
+from kernels.hybrid.window import WindowRule
 
 
 @triton.jit
@@ -87,14 +88,14 @@ def hybrid_decode_kernel(
 
 
 def decode_step_triton(
-    state: HybridState, kind: str, w: int, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
+    state: HybridState, rule: WindowRule, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
     decay=None, k_in=None, *, inplace: bool = False,
 ) -> tuple[torch.Tensor, HybridState]:
     """One decode step through the Triton kernel; returns ``(y [B, H, 1, d], new_state)``.
 
     Args as :func:`kernels.hybrid.recurrent_torch.decode_step_torch`:
         state: the layer's :class:`HybridState`.
-        kind, w: attention kind and window size.
+        rule: the window rule, :class:`kernels.hybrid.window.WindowRule` (its sink tokens are the state's).
         q: ``[B, H, 1, d]``; k, v: ``[B, H_kv, 1, d]``; q_feat: ``[B, H, 1, F]``.
         mix: ``[H]`` mixing logits.
         valid: ``[B]`` bool, False for a padding token.
@@ -110,6 +111,7 @@ def decode_step_triton(
     Hkv = k.shape[1]
     G = H // Hkv
     Fd = q_feat.shape[-1]
+    kind, w = rule.kind, rule.window_size
     first, pos = token_position(state, valid)
     if kind == "linear":  # no window: the key goes straight into the state
         kfold, vfold = key_features(k if k_in is None else k_in) * valid[:, None, None, None].to(q_feat.dtype), v

@@ -9,11 +9,24 @@ softmax part for every later query, inside or outside the window, and never ente
 history; they hold the attention mass that pretrained models park on the first tokens (the
 "attention sink"), which a linear term reproduces badly. So for a query at p, key j is softmax
 when window_start(p) <= p_j <= p or p_j < min(s, p + 1), and history when s <= p_j < window_start(p).
+
+:class:`WindowRule` holds the three numbers that say it (kind, w, s), validated once; every form of
+the op (``kernels.dispatch``, ``chunk_torch``, ``chunk_triton``, ``naive``, the decode step and the
+carried chunk) takes one.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 KINDS = ("linear", "sliding_window", "terraced")  # the attention kinds every layer, config and kernel accepts
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` validated: one of :data:`KINDS`."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown attention kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    return kind
 
 
 def window_capacity(kind: str, w: int) -> int:
@@ -37,3 +50,30 @@ def window_start(kind: str, w: int, pos):
     if kind == "sliding_window":
         return pos - w + 1
     return w * (pos // w - 1)
+
+
+@dataclass(frozen=True)
+class WindowRule:
+    """Which keys a query sees through softmax and which through the linear history (module docstring).
+
+    Validated on construction (``ValueError`` naming the bad value); frozen, so one rule can be
+    shared by every call of a layer.
+    """
+
+    kind: str  # linear, sliding_window or terraced
+    window_size: int = 64  # w: the window (sliding) or tile (terraced) length; unused by linear
+    sinks: int = 0  # s: the first s keys stay softmax keys for every later query (0 with linear)
+
+    def __post_init__(self):
+        check_kind(self.kind)
+        if self.window_size < 1:
+            raise ValueError(f"window_size must be >= 1, got {self.window_size}")
+        if int(self.window_size) != self.window_size:
+            raise ValueError(f"window_size must be an integer, got {self.window_size!r}")
+        object.__setattr__(self, "window_size", int(self.window_size))  # numpy or torch integers as int
+        object.__setattr__(self, "sinks", check_sinks(self.kind, self.sinks))
+
+    @property
+    def capacity(self) -> int:
+        """Window-cache slots of the recurrent state (:func:`window_capacity`)."""
+        return window_capacity(self.kind, self.window_size)

@@ -12,6 +12,7 @@ import torch
 
 from core.attention import hybrid_attention
 from kernels import dispatch
+from kernels.hybrid.window import WindowRule
 from tests.attention_inputs import make_inputs
 from tests.kernels.conftest import DEVICE
 from tests.kernels.utils import assert_close
@@ -52,11 +53,11 @@ def test_env_switch_selects_the_backend(monkeypatch, decayed):
     q, k, v, qf, kf, mix, mask = make_inputs(2, 2, 1, 30, 16, 8, pads=(0, 4), device=DEVICE)
     decay = torch.tensor([0.7, 0.9], device=DEVICE).log() if decayed else None
     monkeypatch.setenv(dispatch.ENV_VAR, "torch")
-    y_torch = hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask, decay=decay)
+    y_torch = hybrid_attention(q, k, v, qf, kf, mix, WindowRule("terraced", 8), mask, decay=decay)
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
-    y_triton = hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask, decay=decay)
+    y_triton = hybrid_attention(q, k, v, qf, kf, mix, WindowRule("terraced", 8), mask, decay=decay)
     monkeypatch.setenv(dispatch.ENV_VAR, "auto")
-    hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask, decay=decay)
+    hybrid_attention(q, k, v, qf, kf, mix, WindowRule("terraced", 8), mask, decay=decay)
     assert calls == ["torch", "triton", "triton" if DEVICE == "cuda" else "torch"]
     m = mask.bool()[:, None, :, None]
     assert_close("triton vs torch", torch.where(m, y_torch, 0), torch.where(m, y_triton, 0), 1e-5)
@@ -86,7 +87,7 @@ def test_decode_step_follows_the_same_switch(monkeypatch):
     ys = []
     for backend in ("torch", "triton", "auto"):
         monkeypatch.setenv(dispatch.ENV_VAR, backend)
-        state = dispatch.prefill_state("terraced", 4, case.k, case.v, case.key_features(case.k), case.mask)
+        state = dispatch.prefill_state(case.rule, case.k, case.v, case.key_features(case.k), case.mask)
         y, state = dispatch.decode_step(state, *case.step_args(0))
         assert state.seen == case.k.shape[2] + 1
         ys.append(y)
@@ -125,10 +126,10 @@ os.environ["LOLCATS_KERNELS"] = "triton"
 if sys.argv[1] == "no-triton":
     sys.modules["triton"] = None  # what a missing install looks like to an import
 import torch
-from core.attention import hybrid_attention
+from core.attention import WindowRule, hybrid_attention
 x = torch.rand(1, 1, 4, 16)
 try:
-    hybrid_attention(x, x, x, x, x, torch.zeros(1), "terraced", 2)
+    hybrid_attention(x, x, x, x, x, torch.zeros(1), WindowRule("terraced", 2))
     print(json.dumps({"error": None}))
 except Exception as exc:
     print(json.dumps({"type": type(exc).__name__, "error": str(exc)}))
@@ -155,8 +156,8 @@ def test_pytorch_form_needs_no_triton_import():
     """Importing core and running on the PyTorch form never imports the Triton kernel modules."""
     script = (
         "import os, sys; os.environ['LOLCATS_KERNELS'] = 'torch'; import torch; "
-        "from core.attention import hybrid_attention; x = torch.rand(1, 1, 4, 8); "
-        "hybrid_attention(x, x, x, x, x, torch.zeros(1), 'terraced', 2); "
+        "from core.attention import WindowRule, hybrid_attention; x = torch.rand(1, 1, 4, 8); "
+        "hybrid_attention(x, x, x, x, x, torch.zeros(1), WindowRule('terraced', 2)); "
         "print('kernels.hybrid.chunk_triton' in sys.modules, 'kernels._triton' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -203,9 +204,75 @@ def test_sink_tokens_run_the_pytorch_form(monkeypatch):
     calls = spy_on_backends(monkeypatch)
     q, k, v, qf, kf, mix, mask = make_inputs(2, 2, 1, 30, 16, 8, pads=(0, 4), device=DEVICE)
     monkeypatch.setenv(dispatch.ENV_VAR, "auto")
-    hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask, sinks=2)
+    hybrid_attention(q, k, v, qf, kf, mix, WindowRule("terraced", 8, 2), mask)
     assert calls == ["torch"]
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
     with pytest.raises(dispatch.KernelBackendError, match="chunk kernels do not implement sink tokens"):
-        hybrid_attention(q, k, v, qf, kf, mix, "terraced", 8, mask, sinks=2)
+        hybrid_attention(q, k, v, qf, kf, mix, WindowRule("terraced", 8, 2), mask)
     assert calls == ["torch"]
+
+
+def _broken(name, change):
+    """``change`` applied to the input ``name`` of a small valid call (q [1, 4, 8, 16], k and v
+    [1, 2, 8, 16], features [1, 4, 8, 8], mix [4], mask [1, 8], decay [4])."""
+    q, k, v, qf, kf, mix, mask = make_inputs(1, 4, 2, 8, 16, 4)
+    inputs = dict(q=q, k=k, v=v, q_feat=qf, k_feat=kf, mix=mix, attention_mask=mask, decay=torch.zeros(4))
+    inputs[name] = change(inputs[name])
+    return inputs
+
+
+@pytest.mark.parametrize(
+    "name, change, message",
+    [
+        ("q", lambda t: t[0], r"q, k, v must be 4-D \[B, H, L, d\]; got \(4, 8, 16\), \(1, 2, 8, 16\), \(1, 2, 8, 16\)"),
+        ("v", lambda t: t[:, :, :5], r"k and v must be \[B, H_kv, L, d\] = \[1, H_kv, 8, 16\]; got .*\(1, 2, 5, 16\)"),
+        ("k", lambda t: t[..., :8], r"k and v must be \[B, H_kv, L, d\] = \[1, H_kv, 8, 16\]; got \(1, 2, 8, 8\)"),
+        ("q_feat", lambda t: t[:, :3], r"q_feat and k_feat must be \[B, H, L, F\] with B, H, L = 1, 4, 8; got \(1, 3, "),
+        ("k_feat", lambda t: t[..., :4], r"q_feat and k_feat must be \[B, H, L, F\] .*got \(1, 4, 8, 8\), \(1, 4, 8, 4\)"),
+        ("mix", lambda t: t[:2], r"mix must have shape \[H\] = \[4\]; got \(2,\)"),
+        ("attention_mask", lambda t: t[:, :7], r"attention_mask must be \[B, L\] = \[1, 8\]; got \(1, 7\)"),
+        ("decay", lambda t: t[:3], r"decay must have shape \[H\] = \[4\]; got \(3,\)"),
+    ],
+    ids=["q-3d", "v-length", "k-head-dim", "q_feat-heads", "k_feat-features", "mix", "mask", "decay"],
+)
+def test_the_kernels_op_refuses_bad_shapes(name, change, message):
+    """A caller of kernels.dispatch gets the contract's checks (before any backend is chosen)."""
+    with pytest.raises(ValueError, match=message):
+        dispatch.hybrid_attention(rule=WindowRule("terraced", 4), **_broken(name, change))
+
+
+def test_the_kernels_op_refuses_grouped_heads_that_do_not_divide():
+    q, k, v, qf, kf, mix, _ = make_inputs(1, 4, 2, 8, 16, 4)
+    with pytest.raises(ValueError, match=r"query heads \(3\) must be a multiple of key/value heads \(2\)"):
+        dispatch.hybrid_attention(q[:, :3], k, v, qf[:, :3], kf[:, :3], mix[:3], WindowRule("terraced", 4))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("softmax", 4), "unknown attention kind 'softmax'"),
+        (("linear", 4, 2), "sink tokens need a softmax part"),
+        (("terraced", 4, -1), "sink tokens must be an integer >= 0, got -1"),
+        (("sliding_window", 0), "window_size must be >= 1, got 0"),
+    ],
+    ids=["kind", "sinks-linear", "sinks-negative", "window"],
+)
+def test_the_kernels_op_refuses_a_bad_window_rule(args, message):
+    """Kind, window and sinks are the rule's: refused when it is made, for every caller of the op."""
+    q, k, v, qf, kf, mix, _ = make_inputs(1, 4, 2, 8, 16, 4)
+    with pytest.raises(ValueError, match=message):
+        dispatch.hybrid_attention(q, k, v, qf, kf, mix, WindowRule(*args))
+
+
+def test_the_kernels_op_wants_a_window_rule():
+    q, k, v, qf, kf, mix, _ = make_inputs(1, 4, 2, 8, 16, 4)
+    with pytest.raises(TypeError, match=r"rule must be a kernels.hybrid.window.WindowRule\(kind, .*\); got 'terraced'"):
+        dispatch.hybrid_attention(q, k, v, qf, kf, mix, "terraced", 4)
+
+
+def test_core_entry_is_the_kernels_op():
+    import core
+    import core.attention.functional as functional
+
+    assert hybrid_attention is functional.hybrid_attention is core.hybrid_attention is dispatch.hybrid_attention
+    assert functional.WindowRule is core.WindowRule is WindowRule

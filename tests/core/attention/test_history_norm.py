@@ -11,6 +11,7 @@ from core.attention.layer import LolcatsAttention
 from core.config import AttentionSpec, stored_attention, stored_config
 from core.pipeline.runs import load_converted
 from kernels.hybrid.naive import naive_hybrid_attention
+from kernels.hybrid.window import WindowRule
 from tests.core.attention.test_surgery import converted, left_padded_batch, positions, rel_err
 from tests.tiny_models import tiny_model
 from tests.tiny_runs import convert_tiny
@@ -45,9 +46,9 @@ def test_layer_prefill_equals_the_float64_oracle_with_the_history_scale(kind, si
     pos = torch.arange(L)[None] - (~mask).long().sum(-1, keepdim=True)  # from each row's first real token
     qf = attn.feature_map_q(q).double() * history_scale(kind, 8, sinks, pos, attn.history_power)
     kf = attn.feature_map_k(k.repeat_interleave(H // Hkv, dim=1))
-    want = naive_hybrid_attention(q, k, v, qf, kf, attn.mix, kind, 8, mask, attn.scaling, sinks)
+    want = naive_hybrid_attention(q, k, v, qf, kf, attn.mix, WindowRule(kind, 8, sinks), mask, attn.scaling)
     assert rel_err(y.double()[mask[:, None, :, None].expand_as(y)], want[mask[:, None, :, None].expand_as(want)]) < 1e-6
-    plain = naive_hybrid_attention(q, k, v, attn.feature_map_q(q), kf, attn.mix, kind, 8, mask, attn.scaling, sinks)
+    plain = naive_hybrid_attention(q, k, v, attn.feature_map_q(q), kf, attn.mix, WindowRule(kind, 8, sinks), mask, attn.scaling)
     assert rel_err(plain, want) > 1e-2  # the scale changes the output
 
 

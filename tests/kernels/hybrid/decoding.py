@@ -16,6 +16,7 @@ from core.attention import HedgehogFeatureMap
 from kernels.hybrid.naive import naive_hybrid_attention
 from kernels.hybrid.recurrent_torch import HybridState, decode_step_torch, prefill_state
 from kernels.hybrid.recurrent_triton import decode_step_triton
+from kernels.hybrid.window import WindowRule
 from tests.kernels.conftest import DEVICE
 from tests.kernels.utils import assert_close
 
@@ -35,6 +36,10 @@ class DecodeCase:
     decay: torch.Tensor | None = None  # log gamma [H]
     own_keys: bool = False  # phi_k reads other keys than the softmax (feature_keys of them), kept in the state
 
+    @property
+    def rule(self) -> WindowRule:
+        return WindowRule(self.kind, self.w, self.sinks)
+
     def feature_keys(self, k: torch.Tensor) -> torch.Tensor | None:
         """The keys phi_k reads for keys ``k`` when they are not ``k`` (a fixed mix of its
         coordinates, standing for the keys before RoPE), else None."""
@@ -43,13 +48,12 @@ class DecodeCase:
     def step_args(self, t: int) -> tuple:
         """The arguments of the decode step for step ``t`` (those after the state)."""
         q, k, v, qf, valid = self.steps[t]
-        return (self.kind, self.w, q, k, v, qf, self.mix, valid, self.key_features, self.scale, self.decay,
-                self.feature_keys(k))
+        return (self.rule, q, k, v, qf, self.mix, valid, self.key_features, self.scale, self.decay, self.feature_keys(k))
 
     def prefill(self) -> HybridState:
         """The state after the prompt."""
-        return prefill_state(self.kind, self.w, self.k, self.v, self.key_features(self.feature_keys(self.k) if
-                             self.own_keys else self.k), self.mask, self.sinks, self.decay, self.feature_keys(self.k))
+        return prefill_state(self.rule, self.k, self.v, self.key_features(self.feature_keys(self.k) if
+                             self.own_keys else self.k), self.mask, self.decay, self.feature_keys(self.k))
 
 
 def sample_decay(H: int) -> torch.Tensor:
@@ -102,8 +106,7 @@ def assert_matches_naive(case: DecodeCase, ys: list[torch.Tensor], ratio: float)
     q = torch.cat([case.steps[0][0].new_zeros(B, H, P, d)] + [s[0] for s in case.steps], dim=2)
     qf = torch.cat([case.steps[0][3].new_zeros(B, H, P, F)] + [s[3] for s in case.steps], dim=2)
     kf = case.key_features(case.feature_keys(k) if case.own_keys else k)
-    ref = naive_hybrid_attention(q, k, v, qf, kf, case.mix, case.kind, case.w, mask, case.scale, case.sinks,
-                                 case.decay)[:, :, P:]
+    ref = naive_hybrid_attention(q, k, v, qf, kf, case.mix, case.rule, mask, case.scale, decay=case.decay)[:, :, P:]
     real = mask[:, None, P:, None]
     y = torch.cat(ys, dim=2).double()
     assert_close("y vs naive", torch.where(real, ref, 0.0), torch.where(real, y, 0.0), ratio)

@@ -12,7 +12,7 @@ from kernels.hybrid.carry import prefill_chunk
 from kernels.hybrid.chunk_torch import hybrid_attention_torch, hybrid_terms_torch
 from kernels.hybrid.naive import naive_hybrid_attention
 from kernels.hybrid.recurrent_torch import HybridState, prefill_state
-from kernels.hybrid.window import KINDS
+from kernels.hybrid.window import KINDS, WindowRule
 from tests.attention_inputs import make_inputs
 from tests.core.attention.test_surgery import converted, left_padded_batch, positions
 
@@ -48,13 +48,13 @@ def test_attention_in_pieces_equals_whole_and_oracle(monkeypatch, kind, budget):
     mask[0, 40:45] = 0  # padding in the middle of a row too
     with torch.no_grad():
         monkeypatch.setattr(blocking, "BLOCK_BYTES", WHOLE)
-        whole = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, 16, mask, None, sinks)
-        whole_terms = hybrid_terms_torch(q, k, v, qf, kf, mix, kind, 16, mask, None, sinks)
+        whole = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule(kind, 16, sinks), mask)
+        whole_terms = hybrid_terms_torch(q, k, v, qf, kf, mix, WindowRule(kind, 16, sinks), mask)
         monkeypatch.setattr(blocking, "BLOCK_BYTES", budget)
         assert len(blocks(4, 3, 4 * 2 * 150 * (32 + sinks + qf.shape[-1]))) > 1
-        pieces = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, 16, mask, None, sinks)
-        terms = hybrid_terms_torch(q, k, v, qf, kf, mix, kind, 16, mask, None, sinks)
-    ref = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 16, mask, sinks=sinks)
+        pieces = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule(kind, 16, sinks), mask)
+        terms = hybrid_terms_torch(q, k, v, qf, kf, mix, WindowRule(kind, 16, sinks), mask)
+    ref = naive_hybrid_attention(q, k, v, qf, kf, mix, WindowRule(kind, 16, sinks), mask)
     assert rel_err(pieces, whole, mask) <= 1e-6
     assert rel_err(terms, whole_terms, mask) <= 1e-6
     assert rel_err(pieces, ref, mask) <= 1e-5
@@ -73,8 +73,8 @@ def test_carried_chunk_in_pieces_equals_whole(monkeypatch, kind, sinks):
     for budget in (WHOLE, 1):
         monkeypatch.setattr(blocking, "BLOCK_BYTES", budget)
         with torch.no_grad():
-            state = prefill_state(kind, 16, k[:, :, :60], v[:, :, :60], kf[:, :, :60], m[:, :60], sinks)
-            y, after = prefill_chunk(state, kind, 16, q[:, :, 60:], k[:, :, 60:], v[:, :, 60:], qf[:, :, 60:],
+            state = prefill_state(WindowRule(kind, 16, sinks), k[:, :, :60], v[:, :, :60], kf[:, :, :60], m[:, :60])
+            y, after = prefill_chunk(state, WindowRule(kind, 16, sinks), q[:, :, 60:], k[:, :, 60:], v[:, :, 60:], qf[:, :, 60:],
                                      kf[:, :, 60:], mix, m[:, 60:], fk, 16**-0.5)
         results.append((y, after))
     (y0, s0), (y1, s1) = results
@@ -102,7 +102,7 @@ def test_feature_maps_in_pieces_equal_the_autograd_form(monkeypatch, feature_map
 
 def test_state_concat_inverts_row_selection():
     _, k, v, _, kf, _, mask = make_inputs(5, 4, 2, 40, 8, 4, pads=(0, 3, 39, 10, 0), seed=7)
-    state = prefill_state("terraced", 8, k, v, kf, mask.bool(), sinks=2)
+    state = prefill_state(WindowRule("terraced", 8, sinks=2), k, v, kf, mask.bool())
     parts = [state.select(torch.arange(a, b)) for a, b in ((0, 2), (2, 3), (3, 5))]
     joined = HybridState.concat(parts)
     for name in ("S", "z", "win_k", "win_v", "win_pos", "win_valid", "first", "sink_k", "sink_v", "sink_valid"):

@@ -9,7 +9,7 @@ from kernels.hybrid.carry import prefill_chunk
 from kernels.hybrid.chunk_torch import hybrid_attention_torch
 from kernels.hybrid.naive import naive_hybrid_attention
 from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state
-from kernels.hybrid.window import KINDS
+from kernels.hybrid.window import KINDS, WindowRule
 from tests.kernels.hybrid.decoding import sample_decay
 from tests.kernels.hybrid.test_recurrent_torch import assert_same_sinks
 from tests.kernels.utils import assert_close
@@ -43,17 +43,18 @@ def chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features, sinks=0, 
     ``k_in``: the keys phi_k reads when they are not k (``kf`` are their features)."""
     cut = lambda t, a, b: None if t is None else t[:, :, a:b]  # noqa: E731
     scale, n = D**-0.5, chunks[0]
-    ys = [hybrid_attention_torch(q[:, :, :n], k[:, :, :n], v[:, :, :n], qf[:, :, :n], kf[:, :, :n], mix, kind, w, mask[:, :n],
-                                 scale, sinks, decay)]
-    state = prefill_state(kind, w, k[:, :, :n], v[:, :, :n], kf[:, :, :n], mask[:, :n], sinks, decay, cut(k_in, 0, n))
+    rule = WindowRule(kind, w, sinks)
+    ys = [hybrid_attention_torch(q[:, :, :n], k[:, :, :n], v[:, :, :n], qf[:, :, :n], kf[:, :, :n], mix, rule, mask[:, :n],
+                                 scale, decay=decay)]
+    state = prefill_state(rule, k[:, :, :n], v[:, :, :n], kf[:, :, :n], mask[:, :n], decay, cut(k_in, 0, n))
     fallbacks = 0
     for c in chunks[1:]:
         part = [t[:, :, n : n + c] for t in (q, k, v, qf, kf)]
-        out = prefill_chunk(state, kind, w, *part, mix, mask[:, n : n + c], key_features, scale, decay, cut(k_in, n, n + c))
+        out = prefill_chunk(state, rule, *part, mix, mask[:, n : n + c], key_features, scale, decay, cut(k_in, n, n + c))
         if out is None:
             fallbacks += 1
             for i in range(c):
-                y, state = decode_step_torch(state, kind, w, *(t[:, :, i : i + 1] for t in part[:4]), mix,
+                y, state = decode_step_torch(state, rule, *(t[:, :, i : i + 1] for t in part[:4]), mix,
                                              mask[:, n + i], key_features, scale, decay, cut(k_in, n + i, n + i + 1))
                 ys.append(y)
         else:
@@ -84,12 +85,12 @@ def test_chunked_prefill_equals_the_parallel_form_the_oracle_and_a_whole_prefill
     if not mid_padding:  # left padding never needs the token-by-token fallback
         assert fallbacks == 0
     real = mask[:, None, :, None]
-    whole = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, w, mask, D**-0.5, sinks, decay)
-    oracle = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, w, mask, D**-0.5, sinks, decay)
+    whole = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule(kind, w, sinks), mask, D**-0.5, decay=decay)
+    oracle = naive_hybrid_attention(q, k, v, qf, kf, mix, WindowRule(kind, w, sinks), mask, D**-0.5, decay=decay)
     assert_close("chunked vs parallel", torch.where(real, whole, 0.0), torch.where(real, y, 0.0), 1e-5)
     assert_close("chunked vs naive", torch.where(real, oracle, 0.0), torch.where(real, y, 0.0), 1e-5)
 
-    full = prefill_state(kind, w, k, v, kf, mask, sinks, decay, k_in)
+    full = prefill_state(WindowRule(kind, w, sinks), k, v, kf, mask, decay, k_in)
     assert state.seen == full.seen == L
     assert_close("S", full.S, state.S, 1e-5)
     assert_close("z", full.z, state.z, 1e-5)
@@ -112,6 +113,15 @@ def test_a_padding_token_at_a_terraced_tile_start_falls_back_to_token_steps():
     assert fallbacks == 1
     _, _, fallbacks = chunked("terraced", 4, [10, 14], q, k, v, qf, kf, mix, mask, key_features)
     assert fallbacks == 0  # after 10 tokens the window starts at 4: aligned
-    whole = hybrid_attention_torch(q, k, v, qf, kf, mix, "terraced", 4, mask, D**-0.5)
+    whole = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule("terraced", 4), mask, D**-0.5)
     real = mask[:, None, :, None]
     assert_close("chunked vs parallel", torch.where(real, whole, 0.0), torch.where(real, y, 0.0), 1e-5)
+
+
+@torch.no_grad()
+def test_a_rule_with_other_sink_tokens_than_the_state_is_refused():
+    q, k, v, qf, kf, mix, mask, key_features = inputs(12, mid_padding=False)
+    state = prefill_state(WindowRule("terraced", 4, 2), k[:, :, :8], v[:, :, :8], kf[:, :, :8], mask[:, :8])
+    part = [t[:, :, 8:] for t in (q, k, v, qf, kf)]
+    with pytest.raises(ValueError, match="the state holds 2 sink tokens and the rule 0"):
+        prefill_chunk(state, WindowRule("terraced", 4), *part, mix, mask[:, 8:], key_features, D**-0.5)

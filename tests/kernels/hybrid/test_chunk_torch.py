@@ -5,7 +5,7 @@ import torch
 
 from kernels.hybrid.chunk_torch import hybrid_attention_torch
 from kernels.hybrid.naive import naive_hybrid_attention, naive_softmax_attention
-from kernels.hybrid.window import KINDS
+from kernels.hybrid.window import KINDS, WindowRule
 from tests.attention_inputs import make_inputs
 
 
@@ -21,8 +21,8 @@ def rel_err(a, b, mask=None):
 @pytest.mark.parametrize("L", [1, 63, 64, 65, 127, 128, 300])
 def test_matches_oracle_with_left_padding(kind, L):
     q, k, v, qf, kf, mix, mask = make_inputs(3, 4, 2, L, 16, 8, pads=[min(p, L - 1) for p in (0, 5, 70)])
-    y = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, window_size=64, attention_mask=mask)
-    ref = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 64, mask)
+    y = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule(kind, 64), attention_mask=mask)
+    ref = naive_hybrid_attention(q, k, v, qf, kf, mix, WindowRule(kind, 64), mask)
     assert torch.isfinite(y).all()
     assert rel_err(y, ref, mask) <= 1e-5
 
@@ -31,8 +31,8 @@ def test_matches_oracle_with_left_padding(kind, L):
 @pytest.mark.parametrize("window", [1, 5, 16])
 def test_other_windows_t2r_and_no_mask(kind, window):
     q, k, v, qf, kf, mix, _ = make_inputs(2, 6, 3, 50, 8, 12, feature_map="t2r", seed=1)
-    y = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, window_size=window)
-    ref = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, window)
+    y = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule(kind, window))
+    ref = naive_hybrid_attention(q, k, v, qf, kf, mix, WindowRule(kind, window))
     assert rel_err(y, ref) <= 1e-5
 
 
@@ -42,8 +42,8 @@ def test_padding_in_the_middle_and_right(kind):
     mask = torch.ones(2, 90, dtype=torch.long)
     mask[0, 30:34] = 0
     mask[1, 70:] = 0
-    y = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, window_size=16, attention_mask=mask)
-    ref = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 16, mask)
+    y = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule(kind, 16), attention_mask=mask)
+    ref = naive_hybrid_attention(q, k, v, qf, kf, mix, WindowRule(kind, 16), mask)
     assert rel_err(y, ref, mask) <= 1e-5
 
 
@@ -51,12 +51,12 @@ def test_padding_in_the_middle_and_right(kind):
 def test_causal(kind):
     """Changing tokens after position n leaves outputs up to n unchanged."""
     q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 150, 16, 8, pads=[0, 9])
-    y = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, 32, mask)
+    y = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule(kind, 32), mask)
     n = 77
     q2, k2, v2, qf2, kf2 = (t.clone() for t in (q, k, v, qf, kf))
     for t in (q2, k2, v2, qf2, kf2):
         t[:, :, n + 1 :] = torch.rand_like(t[:, :, n + 1 :]) * 3
-    y2 = hybrid_attention_torch(q2, k2, v2, qf2, kf2, mix, kind, 32, mask)
+    y2 = hybrid_attention_torch(q2, k2, v2, qf2, kf2, mix, WindowRule(kind, 32), mask)
     assert rel_err(y2[:, :, : n + 1], y[:, :, : n + 1], mask[:, : n + 1]) <= 1e-6
     assert not torch.allclose(y[:, :, n + 1 :], y2[:, :, n + 1 :])
 
@@ -67,15 +67,15 @@ def test_padded_row_equals_row_alone(kind):
     pad = 37
     padded = [torch.cat([torch.randn(1, t.shape[1], pad, t.shape[3]).abs(), t], dim=2) for t in (q, k, v, qf, kf)]
     mask = torch.cat([torch.zeros(1, pad), torch.ones(1, 100)], dim=1).long()
-    alone = hybrid_attention_torch(q, k, v, qf, kf, mix, kind, 32)
-    y = hybrid_attention_torch(*padded, mix, kind, 32, mask)
+    alone = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule(kind, 32))
+    y = hybrid_attention_torch(*padded, mix, WindowRule(kind, 32), mask)
     assert rel_err(y[:, :, pad:], alone) <= 1e-6
 
 
 def test_window_covering_sequence_is_softmax():
     """With history empty (sliding window longer than the input) the hybrid is softmax attention."""
     q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 40, 16, 8, pads=[0, 11])
-    y = hybrid_attention_torch(q, k, v, qf, kf, mix, "sliding_window", 64, mask)
+    y = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule("sliding_window", 64), mask)
     ref = naive_softmax_attention(q, k, v, mask)
     assert rel_err(y, ref, mask) <= 1e-5
 
@@ -87,9 +87,9 @@ def test_half_precision_accumulates_in_float32(dtype):
     The Triton kernel's half tests allow more (2e-2, 2e-3) since it also rounds P to the input
     dtype for the tensor-core products."""
     q, k, v, qf, kf, mix, mask = make_inputs(1, 2, 1, 200, 16, 8, pads=[3])
-    y = hybrid_attention_torch(q.to(dtype), k.to(dtype), v.to(dtype), qf.to(dtype), kf.to(dtype), mix, "terraced", 64, mask)
+    y = hybrid_attention_torch(q.to(dtype), k.to(dtype), v.to(dtype), qf.to(dtype), kf.to(dtype), mix, WindowRule("terraced", 64), mask)
     assert y.dtype == dtype
-    ref = naive_hybrid_attention(q.to(dtype), k.to(dtype), v.to(dtype), qf.to(dtype), kf.to(dtype), mix, "terraced", 64, mask)
+    ref = naive_hybrid_attention(q.to(dtype), k.to(dtype), v.to(dtype), qf.to(dtype), kf.to(dtype), mix, WindowRule("terraced", 64), mask)
     assert rel_err(y, ref, mask) <= torch.finfo(dtype).eps / 2
 
 
@@ -98,8 +98,8 @@ def test_wide_score_range_matches_oracle(kind):
     """Scores spread over hundreds of units: the window weights far below the row maximum
     (floored for speed on CPUs) still give the oracle's outputs."""
     q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 150, 16, 8, pads=[0, 9], seed=5)
-    y = hybrid_attention_torch(q * 12, k * 12, v, qf, kf, mix, kind, window_size=32, attention_mask=mask)
-    ref = naive_hybrid_attention(q * 12, k * 12, v, qf, kf, mix, kind, 32, mask)
+    y = hybrid_attention_torch(q * 12, k * 12, v, qf, kf, mix, WindowRule(kind, 32), attention_mask=mask)
+    ref = naive_hybrid_attention(q * 12, k * 12, v, qf, kf, mix, WindowRule(kind, 32), mask)
     assert rel_err(y, ref, mask) <= 1e-5
 
 
@@ -107,12 +107,12 @@ def test_wide_score_range_matches_oracle(kind):
 def test_gradients_match_oracle(kind):
     q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 70, 8, 8, pads=[0, 4])
     leaves = [t.clone().requires_grad_() for t in (q, k, v, qf, kf, mix)]
-    y = hybrid_attention_torch(*leaves[:5], leaves[5], kind, 16, mask)
+    y = hybrid_attention_torch(*leaves[:5], leaves[5], WindowRule(kind, 16), mask)
     w = torch.randn_like(y) * mask[:, None, :, None]
     (y * w).sum().backward()
     grads = [t.grad for t in leaves]
     leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v, qf, kf, mix)]
-    ref = naive_hybrid_attention(*leaves64[:5], leaves64[5], kind, 16, mask)
+    ref = naive_hybrid_attention(*leaves64[:5], leaves64[5], WindowRule(kind, 16), mask)
     (ref * w.double()).sum().backward()
     for name, g1, t in zip("q k v q_feat k_feat mix".split(), grads, leaves64):
         if t.grad is None or g1 is None:  # linear attention has no window: q, k and mix do not enter
@@ -129,11 +129,11 @@ def test_sink_tokens_match_the_oracle_with_gradients(kind, sinks):
     and gradients of every input against the float64 oracle, with left padding."""
     q, k, v, qf, kf, mix, mask = make_inputs(3, 4, 2, 100, 16, 8, pads=[0, 5, 37])
     leaves = [t.clone().requires_grad_() for t in (q, k, v, qf, kf, mix)]
-    y = hybrid_attention_torch(*leaves, kind, 16, mask, None, sinks)
+    y = hybrid_attention_torch(*leaves, WindowRule(kind, 16, sinks), mask)
     ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, qf, kf, mix)]
-    ref = naive_hybrid_attention(*ref_leaves, kind, 16, mask, None, sinks)
+    ref = naive_hybrid_attention(*ref_leaves, WindowRule(kind, 16, sinks), mask)
     assert rel_err(y, ref, mask) <= 1e-5
-    assert rel_err(y, naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 16, mask), mask) > 1e-2  # the sinks matter
+    assert rel_err(y, naive_hybrid_attention(q, k, v, qf, kf, mix, WindowRule(kind, 16), mask), mask) > 1e-2  # the sinks matter
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)) * mask[:, None, :, None]
     (y * dy).sum().backward()
     (ref * dy.double()).sum().backward()
@@ -144,7 +144,7 @@ def test_sink_tokens_match_the_oracle_with_gradients(kind, sinks):
 def test_sink_tokens_need_a_window():
     q, k, v, qf, kf, mix, _ = make_inputs(1, 2, 1, 20, 8, 4)
     with pytest.raises(ValueError, match="sink tokens need a softmax part"):
-        hybrid_attention_torch(q, k, v, qf, kf, mix, "linear", 8, None, None, 2)
+        hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule("linear", 8, 2))
 
 
 @pytest.mark.parametrize("kind, sinks", [("linear", 0), ("sliding_window", 0), ("sliding_window", 3), ("terraced", 0),
@@ -155,11 +155,11 @@ def test_decay_matches_the_oracle_with_gradients(kind, sinks):
     q, k, v, qf, kf, mix, mask = make_inputs(3, 4, 2, 100, 16, 8, pads=[0, 5, 37])
     decay = torch.tensor([0.6, 0.9, 0.97, 1.0]).log()
     leaves = [t.clone().requires_grad_() for t in (q, k, v, qf, kf, mix, decay)]
-    y = hybrid_attention_torch(*leaves[:6], kind, 16, mask, None, sinks, leaves[6])
+    y = hybrid_attention_torch(*leaves[:6], WindowRule(kind, 16, sinks), mask, decay=leaves[6])
     ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, qf, kf, mix, decay)]
-    ref = naive_hybrid_attention(*ref_leaves[:6], kind, 16, mask, None, sinks, ref_leaves[6])
+    ref = naive_hybrid_attention(*ref_leaves[:6], WindowRule(kind, 16, sinks), mask, decay=ref_leaves[6])
     assert rel_err(y, ref, mask) <= 1e-5
-    assert rel_err(y, naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 16, mask, None, sinks), mask) > 1e-2
+    assert rel_err(y, naive_hybrid_attention(q, k, v, qf, kf, mix, WindowRule(kind, 16, sinks), mask), mask) > 1e-2
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)) * mask[:, None, :, None]
     (y * dy).sum().backward()
     (ref * dy.double()).sum().backward()
@@ -173,5 +173,5 @@ def test_decay_matches_the_oracle_with_gradients(kind, sinks):
 
 def test_decay_of_one_is_the_paper_form():
     q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 90, 16, 8, pads=[0, 7])
-    y = hybrid_attention_torch(q, k, v, qf, kf, mix, "terraced", 16, mask, None, 2, torch.zeros(4))
-    assert rel_err(y, hybrid_attention_torch(q, k, v, qf, kf, mix, "terraced", 16, mask, None, 2), mask) <= 1e-6
+    y = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule("terraced", 16, 2), mask, decay=torch.zeros(4))
+    assert rel_err(y, hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule("terraced", 16, 2), mask), mask) <= 1e-6

@@ -10,7 +10,7 @@ import torch
 from kernels.hybrid.chunk_torch import hybrid_attention_torch
 from kernels.hybrid.chunk_triton import hybrid_attention_triton
 from kernels.hybrid.naive import naive_hybrid_attention
-from kernels.hybrid.window import KINDS
+from kernels.hybrid.window import KINDS, WindowRule
 from tests.attention_inputs import make_inputs
 from tests.kernels.conftest import DEVICE
 from tests.kernels.hybrid.decoding import sample_decay
@@ -65,8 +65,8 @@ def test_decaying_history(kind, blocks):
 def test_head_dim_128_forward():
     tensors = make_inputs(1, 2, 1, 24, 128, 64, seed=6, device=DEVICE)
     q, k, v, qf, kf, mix, mask = tensors
-    y = hybrid_attention_triton(q, k, v, qf, kf, mix, "terraced", 8)
-    ref = naive_hybrid_attention(*(t.cpu() for t in (q, k, v, qf, kf, mix)), "terraced", 8)
+    y = hybrid_attention_triton(q, k, v, qf, kf, mix, WindowRule("terraced", 8))
+    ref = naive_hybrid_attention(*(t.cpu() for t in (q, k, v, qf, kf, mix)), WindowRule("terraced", 8))
     assert_close("o", ref, y, 1e-5)
 
 
@@ -93,8 +93,8 @@ def test_strided_inputs_without_mask():
     q, k, v, qf, kf, mix, _ = make_inputs(B, H, Hkv, L, d, 8, seed=8, device=DEVICE)
     qs, ks, vs = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     assert not qs.is_contiguous()
-    y = hybrid_attention_triton(qs, ks, vs, qf, kf, mix, "sliding_window", 16)
-    assert_close("o", hybrid_attention_torch(q, k, v, qf, kf, mix, "sliding_window", 16), y, 1e-5)
+    y = hybrid_attention_triton(qs, ks, vs, qf, kf, mix, WindowRule("sliding_window", 16))
+    assert_close("o", hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule("sliding_window", 16)), y, 1e-5)
 
 
 def test_falls_back_to_a_smaller_tiling_when_out_of_resources(monkeypatch):
@@ -115,19 +115,26 @@ def test_falls_back_to_a_smaller_tiling_when_out_of_resources(monkeypatch):
     monkeypatch.setattr(th, "_WORKING", {})
     q, k, v, qf, kf, mix, mask = make_inputs(1, 2, 1, 70, 16, 8, pads=(3,), device=DEVICE)
     for _ in range(2):
-        y = hybrid_attention_triton(q, k, v, qf, kf, mix, "sliding_window", 16, mask)
-        assert_close("o", hybrid_attention_torch(q, k, v, qf, kf, mix, "sliding_window", 16, mask), y, 1e-5)
+        y = hybrid_attention_triton(q, k, v, qf, kf, mix, WindowRule("sliding_window", 16), mask)
+        assert_close("o", hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule("sliding_window", 16), mask), y, 1e-5)
     assert tried == [(64, 64, 4, 2), (64, 32, 4, 1), (64, 32, 4, 1)]
     with pytest.raises(triton.runtime.errors.OutOfResources):  # an explicit tiling is used as given
-        hybrid_attention_triton(q, k, v, qf, kf, mix, "sliding_window", 16, mask, block_s=64)
+        hybrid_attention_triton(q, k, v, qf, kf, mix, WindowRule("sliding_window", 16), mask, block_s=64)
 
 
 def test_fully_padded_row_and_linear_gradients():
     """A row with no real token gives 0 and zero gradients; linear leaves q, k, mix without gradient."""
     q, k, v, qf, kf, mix, mask = make_inputs(2, 2, 1, 20, 16, 8, pads=(0, 20), device=DEVICE)
-    y = hybrid_attention_triton(q, k, v, qf, kf, mix, "terraced", 8, mask)
+    y = hybrid_attention_triton(q, k, v, qf, kf, mix, WindowRule("terraced", 8), mask)
     assert torch.isfinite(y).all() and (y[1] == 0).all()
     leaves = [t.clone().requires_grad_() for t in (q, k, v, qf, kf, mix)]
-    hybrid_attention_triton(*leaves, "linear", 8, mask).sum().backward()
+    hybrid_attention_triton(*leaves, WindowRule("linear", 8), mask).sum().backward()
     assert leaves[0].grad is None and leaves[1].grad is None and leaves[5].grad is None
     assert (leaves[2].grad[1] == 0).all() and (leaves[4].grad[1] == 0).all()
+
+
+def test_refuses_sink_tokens():
+    """The chunk kernels do not implement sink tokens (the dispatch sends such calls to the PyTorch form)."""
+    q, k, v, qf, kf, mix, mask = make_inputs(1, 2, 1, 20, 16, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="the Triton chunk kernels do not implement sink tokens, got sinks=2"):
+        hybrid_attention_triton(q, k, v, qf, kf, mix, WindowRule("terraced", 8, 2), mask)

@@ -10,7 +10,7 @@ from kernels.hybrid.naive import (
     naive_softmax_attention,
     window_masks,
 )
-from kernels.hybrid.window import KINDS
+from kernels.hybrid.window import KINDS, WindowRule
 from tests.attention_inputs import make_inputs
 from tests.kernels.utils import assert_close
 
@@ -53,7 +53,7 @@ def brute_force(q, k, v, qf, kf, mix, kind, w, mask):
 def test_matches_the_equation_term_by_term(kind, w):
     q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 19, 8, 4, pads=(0, 5), seed=11)
     mask[0, 9:11] = 0  # padding in the middle too
-    y = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, w, mask)
+    y = naive_hybrid_attention(q, k, v, qf, kf, mix, WindowRule(kind, w), mask)
     m = mask.bool()[:, None, :, None]
     assert_close("y", brute_force(q, k, v, qf, kf, mix, kind, w, mask), torch.where(m, y, 0.0), 1e-12)
 
@@ -61,7 +61,7 @@ def test_matches_the_equation_term_by_term(kind, w):
 @pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
 def test_window_spanning_the_input_is_softmax(kind):
     q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 30, 16, 8, pads=(0, 7))
-    y = naive_hybrid_attention(q, k, v, qf, kf, mix, kind, 30, mask)
+    y = naive_hybrid_attention(q, k, v, qf, kf, mix, WindowRule(kind, 30), mask)
     ref = naive_softmax_attention(q, k, v, mask)
     m = mask.bool()[:, None, :, None]
     assert_close("y", torch.where(m, ref, 0.0), torch.where(m, y, 0.0), 1e-12)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state
-from kernels.hybrid.window import KINDS, window_capacity
+from kernels.hybrid.window import KINDS, WindowRule, window_capacity
 from tests.kernels.hybrid.decoding import assert_matches_naive, decode_case, whole_sequence
 from tests.kernels.utils import assert_close
 
@@ -28,7 +28,7 @@ def test_decode_matches_naive_and_a_whole_prefill(kind, sinks, decay, own_keys, 
 
     k, v, mask = whole_sequence(case)
     kin = case.feature_keys(k)
-    whole = prefill_state(kind, w, k, v, case.key_features(k if kin is None else kin), mask, sinks, case.decay, kin)
+    whole = prefill_state(WindowRule(kind, w, sinks), k, v, case.key_features(k if kin is None else kin), mask, case.decay, kin)
     assert whole.seen == state.seen == P + T and whole.win_k.shape[2] == window_capacity(kind, w)
     assert_close("S", whole.S, state.S, 1e-5)
     assert_close("z", whole.z, state.z, 1e-5)
