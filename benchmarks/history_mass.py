@@ -53,8 +53,8 @@ def mass_ratios(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
     for i, m in modules.items():
         m.register_forward_pre_hook(lambda mod, a, kw, i=i: captured.__setitem__(
             i, mod.project(kw["hidden_states"], kw["position_embeddings"])[:2]), with_kwargs=True)
-    core.set_mode(model, "teacher")
-    model(input_ids=ids, use_cache=False)
+    with core.teacher_attention(modules.values()):
+        model(input_ids=ids, use_cache=False)
     win, hist = (m[0, 0] for m in window_masks("terraced", WINDOW, torch.ones(1, LENGTH, dtype=torch.bool), SINKS))
     out = {}
     for i, (q, k) in captured.items():

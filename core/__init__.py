@@ -13,9 +13,10 @@ from __future__ import annotations
 from core.lazy import lazy_exports
 
 _EXPORTS = {
-    "core.attention": ["hybrid_attention"],
+    "core.attention": ["WindowRule", "hybrid_attention"],
     "core.config": ["AttentionSpec", "SUPPORTED_ARCHITECTURES"],
-    "core.attention.surgery": ["UnsupportedModelError", "linearize", "lolcats_modules", "set_mode"],
+    "core.attention.surgery": ["UnsupportedModelError", "linearize", "lolcats_modules"],
+    "core.attention.layer": ["teacher_attention"],
     "core.pipeline.runs": ["load_converted"],
     "core.export.folder": ["export"],
     "core.models": ["load_model"],

@@ -39,20 +39,27 @@ positions, the history carries none, and the student, like the teacher, depends 
 positions only. The recurrent state then keeps the window's keys before RoPE as well, for the
 feature map of the keys it folds.
 
-Modes (``module.mode``):
-  * ``"student"``: LoLCATs attention (the converted model);
-  * ``"teacher"``: the original softmax attention through the model's attention interface (with
-    an ordinary key/value cache when one is passed, so the teacher can generate too);
-  * ``"distill"``: stage-1 teacher forcing: computes both from the same q, k, v, stores the
-    pair in ``module.distill_outputs`` (head outputs before o_proj, ``[B, H, L, d]``) and
-    returns the teacher's output so the next layer sees teacher hidden states.
+Modes (``module.mode``, read-only):
+  * ``"student"``: LoLCATs attention (the converted model), everywhere outside a teacher block;
+  * ``"teacher"``: inside ``with teacher_attention(modules):``, in that thread (context) only, the
+    original softmax attention through the model's attention interface (with an ordinary
+    key/value cache when one is passed, so the teacher can generate too). The block sets a
+    context variable the forward reads; nothing on the module changes, so a teacher forward in
+    one thread leaves another thread's forward of the same model a student forward.
+
+The layer holds no training state: stage 1 records its (student, teacher) pairs through
+:func:`core.train.teacher_forcing.teacher_forcing`, which calls the pure methods below
+(:meth:`project`, :meth:`teacher`, :meth:`student`, :meth:`features`).
 
 Notation: B batch, L new tokens, H query heads, H_kv key/value heads, d head dim, F features.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterable
+from contextvars import ContextVar
 
 import torch
 from torch import nn
@@ -65,9 +72,9 @@ from core.attention.functional import hybrid_attention
 from kernels import dispatch
 from kernels.hybrid.blocks import blocks, cpu_inference
 from kernels.hybrid.recurrent_torch import HybridState
-from kernels.hybrid.window import window_start
+from kernels.hybrid.window import WindowRule, window_start
 
-MODES = ("student", "teacher", "distill")
+MODES = ("student", "teacher")
 HISTORY_NORMS = ("none", "power", "decay")
 FEATURE_POSITIONS = ("rotary", "none")
 
@@ -81,6 +88,24 @@ def query_positions(mask: torch.Tensor | None, state: HybridState | None, B: int
     if state is not None:
         first = torch.where(state.first >= 0, state.first, first)
     return seen + torch.arange(L, device=device)[None, :] - first[:, None]
+
+
+# Ids of the converted layers computing softmax attention in the current context (thread or task),
+# set for a block by teacher_attention; a new thread starts with none (every layer a student).
+_TEACHER_LAYERS: ContextVar[frozenset[int]] = ContextVar("lolcats_teacher_layers", default=frozenset())
+
+
+@contextlib.contextmanager
+def teacher_attention(modules: Iterable[nn.Module]):
+    """Inside the block, in this thread (context) only, the converted layers ``modules`` compute the
+    original softmax attention (``mode`` ``"teacher"``); the others, and every layer in other threads,
+    stay students. Blocks nest; nothing on the modules changes."""
+    modules = list(modules)  # held for the block, so no other object takes their ids
+    token = _TEACHER_LAYERS.set(_TEACHER_LAYERS.get() | {id(m) for m in modules})
+    try:
+        yield
+    finally:
+        _TEACHER_LAYERS.reset(token)
 
 
 class PaddingMask:
@@ -157,10 +182,11 @@ class LolcatsAttention(nn.Module):
             logit = math.log(init_history_decay / (1 - init_history_decay))
             self.history_decay = nn.Parameter(torch.full((num_heads,), logit, device=device))
         self.padding = padding
-        self.mode = "student"
-        self.distill_outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (student, teacher)
-        self.keep_qk = False
-        self.distill_qk: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def mode(self) -> str:
+        """``"teacher"`` inside a :func:`teacher_attention` block naming this layer (this thread only), else ``"student"``."""
+        return "teacher" if id(self) in _TEACHER_LAYERS.get() else "student"
 
     def extra_repr(self) -> str:
         sinks = f", sink_tokens={self.sink_tokens}" if self.sink_tokens else ""
@@ -231,14 +257,13 @@ class LolcatsAttention(nn.Module):
         """Outputs of a whole prompt from an empty state, and the state it leaves (None unless
         ``keep_state``); ``q_in``, ``k_in``: what the feature maps read (:meth:`project`)."""
         qf, kf = self.features(q_in, k_in, mask)
-        y = hybrid_attention(q, k, v, qf, kf, self.mix, self.kind, self.window_size, mask, self.scaling, self.sink_tokens,
-                             self.log_decay())
+        rule = WindowRule(self.kind, self.window_size, self.sink_tokens)
+        y = hybrid_attention(q, k, v, qf, kf, self.mix, rule, mask, self.scaling, decay=self.log_decay())
         if not keep_state:
             return y, None
         B, L = q.shape[0], q.shape[2]
         m = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
-        return y, dispatch.prefill_state(self.kind, self.window_size, k, v, kf, m, self.sink_tokens, self.log_decay(),
-                                         self.own_keys(k_in))
+        return y, dispatch.prefill_state(rule, k, v, kf, m, self.log_decay(), self.own_keys(k_in))
 
     def student(self, q, k, v, mask, past_key_values, q_in, k_in):
         """LoLCATs attention for the new tokens, reading and updating the recurrent state
@@ -267,8 +292,9 @@ class LolcatsAttention(nn.Module):
         key_features = lambda keys: self.feature_map_k(repeat_kv(keys, self.num_key_value_groups))
         if L > 1:
             qf, kf = self.features(q_in, k_in, valid, layer.state)
-            out = dispatch.prefill_chunk(layer.state, self.kind, self.window_size, q, k, v, qf, kf, self.mix, valid,
-                                         key_features, self.scaling, self.log_decay(), self.own_keys(k_in))
+            rule = WindowRule(self.kind, self.window_size, self.sink_tokens)
+            out = dispatch.prefill_chunk(layer.state, rule, q, k, v, qf, kf, self.mix, valid, key_features, self.scaling,
+                                         self.log_decay(), self.own_keys(k_in))
             if out is not None:
                 y, layer.state = out
                 return y
@@ -278,15 +304,29 @@ class LolcatsAttention(nn.Module):
         decay, k_own = self.log_decay(), self.own_keys(k_in)
         for t in range(L):
             y, layer.state = dispatch.decode_step(
-                layer.state, self.kind, self.window_size, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1],
-                qf[:, :, t : t + 1], self.mix, valid[:, t], key_features, self.scaling, decay,
+                layer.state, WindowRule(self.kind, self.window_size, self.sink_tokens),
+                q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], qf[:, :, t : t + 1], self.mix, valid[:, t],
+                key_features, self.scaling, decay,
                 None if k_own is None else k_own[:, :, t : t + 1],
             )
             outs.append(y)
         return outs[0] if L == 1 else torch.cat(outs, dim=2)
 
+    def token_mask(self, padding_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+        """[B, length] bool padding mask of the new tokens: the decoder layer's ``padding_mask`` if
+        given, else the model's 2-D mask (:class:`PaddingMask`); None when there is no padding."""
+        return padding_mask.bool() if padding_mask is not None else self.padding.current(length)
+
+    def merge_heads(self, y: torch.Tensor) -> torch.Tensor:
+        """The layer's output [B, L, D] from head outputs y [B, H, L, d], through ``o_proj``."""
+        B, _, L, _ = y.shape
+        return self.o_proj(y.transpose(1, 2).reshape(B, L, -1))
+
     def teacher(self, q, k, v, attention_mask, **kwargs):
-        """The original softmax attention of the new queries over keys k, v: [B, H, L, d]."""
+        """The original softmax attention of the new queries over keys k, v: [B, H, L, d]
+        (``kwargs``: the decoder layer's, passed on to the attention interface)."""
+        kwargs.pop("position_ids", None)
+        kwargs.pop("use_cache", None)
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         out, _ = interface(
             self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, sliding_window=self.sliding_window, **kwargs
@@ -302,23 +342,12 @@ class LolcatsAttention(nn.Module):
         padding_mask: torch.Tensor | None = None,
         **kwargs,
     ):
-        B, L, _ = hidden_states.shape
         q, k, v, q_in, k_in = self.project(hidden_states, position_embeddings)
-        mask = padding_mask.bool() if padding_mask is not None else self.padding.current(L)
-        kwargs.pop("position_ids", None)
-        kwargs.pop("use_cache", None)
-        if self.mode == "student":
-            y = self.student(q, k, v, mask, past_key_values, q_in, k_in)
-        elif self.mode == "teacher":
+        if self.mode == "teacher":
             if past_key_values is not None:  # an ordinary softmax key/value cache
                 k, v = past_key_values.update(k, v, self.layer_idx)
             y = self.teacher(q, k, v, attention_mask, **kwargs)
-        elif self.mode == "distill":
-            with torch.no_grad():
-                y = self.teacher(q, k, v, attention_mask, **kwargs)
-            self.distill_outputs = (self.student(q, k, v, mask, None, q_in, k_in), y)
-            if self.keep_qk:  # for the attention-map cross-entropy
-                self.distill_qk = (q, k, *self.features(q_in, k_in, mask))
         else:
-            raise ValueError(f"unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}")
-        return self.o_proj(y.transpose(1, 2).reshape(B, L, -1)), None
+            mask = self.token_mask(padding_mask, hidden_states.shape[1])
+            y = self.student(q, k, v, mask, past_key_values, q_in, k_in)
+        return self.merge_heads(y), None

@@ -138,9 +138,3 @@ def softmax_layer_indices(model: nn.Module) -> list[int]:
     """Indices of the decoder layers that compute softmax attention (not converted, or restored)."""
     converted = lolcats_modules(model)
     return [i for i in range(len(decoder_layers(model))) if i not in converted]
-
-
-def set_mode(model: nn.Module, mode: str) -> None:
-    """Switch every converted layer to ``student``, ``teacher`` or ``distill`` mode."""
-    for module in lolcats_modules(model).values():
-        module.mode = mode

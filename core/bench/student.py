@@ -12,7 +12,7 @@ import os
 import torch
 from torch import nn
 
-from core.attention.surgery import linearize, set_mode
+from core.attention.surgery import linearize
 from core.bench.config import BenchConfig
 
 
@@ -25,7 +25,6 @@ def convert_teacher(teacher: nn.Module, config: BenchConfig) -> nn.Module:
     student = copy.deepcopy(teacher)
     torch.manual_seed(config.seed)  # the random feature-map init
     linearize(student, config.linearize_config())
-    set_mode(student, "student")
     return student.eval()
 
 
@@ -39,5 +38,4 @@ def load_converted_student(teacher: nn.Module, checkpoint: str | os.PathLike, co
     device = next(teacher.parameters()).device
     student, _, _ = load_converted(checkpoint, device=str(device), workspace=config.workspace, dtype=config.dtype)
     student.to(device)
-    set_mode(student, "student")
     return student.eval()

@@ -24,9 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.attention.surgery import lolcats_modules, set_mode
+from core.attention.layer import teacher_attention
+from core.attention.surgery import lolcats_modules
 from core.train.finetune_lora import token_kl
 from core.train.lora import base_model
+from core.train.teacher_forcing import teacher_forcing
 
 Batch = dict[str, torch.Tensor]
 
@@ -61,20 +63,14 @@ def mse_scores(model: nn.Module, blocks: Batch, n_blocks: int) -> dict[int, floa
     inner, modules, device = _converted(model)
     err = dict.fromkeys(modules, 0.0)
     spread = dict.fromkeys(modules, 0.0)
-    set_mode(inner, "distill")
-    try:
+    with teacher_forcing(modules) as record:
         for ids, mask in _rows(blocks, n_blocks, device):
             inner.get_decoder()(input_ids=ids, attention_mask=mask, use_cache=False)
-            for i, m in modules.items():
-                student, teacher = (t.float() for t in m.distill_outputs)  # [B, H, L, d]
-                m.distill_outputs = None
+            for i in modules:
+                student, teacher = (t.float() for t in record.pairs.pop(i))  # [B, H, L, d]
                 centred = teacher - teacher.mean(dim=(1, 2, 3), keepdim=True)
                 err[i] += _masked_sum((student - teacher).pow(2).sum(dim=(1, 3)), mask)[0]
                 spread[i] += _masked_sum(centred.pow(2).sum(dim=(1, 3)), mask)[0]
-    finally:
-        set_mode(inner, "student")
-        for m in modules.values():
-            m.distill_outputs = None
     return {i: err[i] / max(spread[i], 1e-30) for i in modules}
 
 
@@ -89,18 +85,14 @@ def kl_scores(model: nn.Module, blocks: Batch, n_blocks: int) -> dict[int, float
     inner, modules, device = _converted(model)
     total = dict.fromkeys(modules, 0.0)
     count = 0.0
-    try:
-        for ids, mask in _rows(blocks, n_blocks, device):
-            set_mode(inner, "teacher")
+    for ids, mask in _rows(blocks, n_blocks, device):
+        with teacher_attention(modules.values()):
             teacher = _next_token_logprobs(inner, ids, mask)
-            for i, m in modules.items():
-                m.mode = "student"
+        for i in modules:
+            with teacher_attention(m for j, m in modules.items() if j != i):  # only layer i linear
                 student = _next_token_logprobs(inner, ids, mask)
-                m.mode = "teacher"
-                total[i] += _masked_sum(token_kl(teacher, student), mask)[0]
-            count += _masked_sum(torch.ones(ids.shape, device=device), mask)[1]
-    finally:
-        set_mode(inner, "student")
+            total[i] += _masked_sum(token_kl(teacher, student), mask)[0]
+        count += _masked_sum(torch.ones(ids.shape, device=device), mask)[1]
     return {i: total[i] / max(count, 1.0) for i in modules}
 
 

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.config import EvalSpec, Stage1Spec
-from core.attention.surgery import decoder_layers, lolcats_modules, set_mode
+from core.attention.layer import teacher_attention
+from core.attention.surgery import decoder_layers, lolcats_modules
 from core.export.teacher import swap_in_teacher
 from core.train.lora import base_model
 from core.progress import NullProgress, ProgressCallback
@@ -30,18 +31,20 @@ Batch = dict[str, torch.Tensor]
 def teacher_context(model: nn.Module):
     """Inside the block the model computes the original softmax attention and no LoRA.
 
-    An exported model (LoRA merged into its weights) also takes its base model's weights for the
-    block (:mod:`core.export.teacher`); when that base model cannot be loaded this raises
-    :class:`core.export.teacher.TeacherUnavailableError` before anything changes."""
+    The converted layers' choice is per thread (:func:`core.attention.layer.teacher_attention`: a
+    context variable, nothing on the model changes). Two things still change the shared model for
+    the block, so concurrent users of one loaded model need a lock around it: peft's
+    ``disable_adapter`` (a LoRA-wrapped model) and, for an exported model (LoRA merged into its
+    weights), its base model's weights swapped in place (:mod:`core.export.teacher`); when that
+    base model cannot be loaded this raises :class:`core.export.teacher.TeacherUnavailableError`
+    before anything changes."""
     inner = base_model(model)
     restore_weights = swap_in_teacher(inner)
-    set_mode(inner, "teacher")
     adapters = model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()
     try:
-        with adapters:
+        with teacher_attention(lolcats_modules(inner).values()), adapters:
             yield model
     finally:
-        set_mode(inner, "student")
         restore_weights()
 
 

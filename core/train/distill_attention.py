@@ -1,8 +1,9 @@
 """Stage 1, attention transfer: train feature maps and window factors to mimic softmax attention.
 
 Every pretrained weight is frozen. Each converted layer computes teacher (softmax) and student
-(LoLCATs) head outputs from the same q, k, v and passes the teacher's on (teacher forcing), so
-layers train jointly without gradients crossing layers. Per batch:
+(LoLCATs) head outputs from the same q, k, v and passes the teacher's on (teacher forcing,
+recorded by :func:`core.train.teacher_forcing.teacher_forcing`), so layers train jointly without
+gradients crossing layers. Per batch:
 
     loss = mse_factor * mean_layers MSE(y_student, y_teacher) + xent_factor * mean_layers CE(A_teacher, A_student)
 
@@ -28,10 +29,12 @@ from safetensors.torch import load_file, save_file
 from kernels.hybrid.naive import hybrid_attention_matrix, softmax_attention_matrix
 from core.train.checkpoint import load_checkpoint, save_checkpoint
 from core.config import Stage1Spec
-from core.attention.surgery import lolcats_modules, set_mode
+from core.attention.layer import teacher_attention
+from core.attention.surgery import lolcats_modules
 from core.progress import ProgressCallback
 from core.train.loop import Batch, LoopSpec, load_best, run_loop
 from core.train.parallel import ONE_PROCESS
+from core.train.teacher_forcing import teacher_forcing
 
 
 def freeze_for_stage1(model: nn.Module, layers: range | None = None) -> None:
@@ -53,8 +56,8 @@ def _masked_mse(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor
     return (err * m).sum() / m.sum().clamp(min=1)
 
 
-def _xent(module, mask) -> torch.Tensor:
-    q, k, qf, kf = module.distill_qk
+def _xent(module, qk: tuple[torch.Tensor, ...], mask) -> torch.Tensor:
+    q, k, qf, kf = qk
     teacher = softmax_attention_matrix(q, k, module.scaling)
     student = hybrid_attention_matrix(q, k, qf, kf, module.mix, module.kind, module.window_size, module.scaling,
                                        sinks=module.sink_tokens, decay=module.log_decay())
@@ -76,31 +79,22 @@ def _run_layers(model: nn.Module, batch: Batch, layers: range) -> None:
 
 def layer_losses(model: nn.Module, batch: Batch, xent: bool = False, layers: range | None = None
                  ) -> dict[int, dict[str, torch.Tensor]]:
-    """Run the decoder (or ``layers`` on cached inputs) in distill mode; per converted layer
+    """Run the decoder (or ``layers`` on cached inputs) under teacher forcing; per converted layer
     {"mse": ..., ["xent": ...]}."""
     modules = {i: m for i, m in lolcats_modules(model).items() if layers is None or i in layers}
-    set_mode(model, "distill")
-    for m in modules.values():
-        m.keep_qk = xent
-    try:
-        mask = batch.get("attention_mask")
+    mask = batch.get("attention_mask")
+    with teacher_forcing(modules, keep_qk=xent) as record:
         if layers is None:
             model.get_decoder()(input_ids=batch["input_ids"], attention_mask=mask, use_cache=False)
         else:
             _run_layers(model, batch, layers)
-        out = {}
-        for i, m in modules.items():
-            student, teacher = m.distill_outputs
-            out[i] = {"mse": _masked_mse(student, teacher, mask)}
-            if xent:
-                out[i]["xent"] = _xent(m, mask)
-        return out
-    finally:
-        set_mode(model, "student")
-        for m in modules.values():
-            m.distill_outputs = None
-            m.keep_qk = False
-            m.distill_qk = None
+    out = {}
+    for i, m in modules.items():
+        student, teacher = record.pairs[i]
+        out[i] = {"mse": _masked_mse(student, teacher, mask)}
+        if xent:
+            out[i]["xent"] = _xent(m, record.qk[i], mask)
+    return out
 
 
 def combine(losses: dict[int, dict[str, torch.Tensor]], spec: Stage1Spec, n_layers: int | None = None) -> torch.Tensor:
@@ -188,15 +182,12 @@ def teacher_inputs(model: nn.Module, blocks: Batch, starts: list[int], folder: P
     device = next(model.parameters()).device
     n = blocks["input_ids"].shape[0] if rows is None else min(rows, blocks["input_ids"].shape[0])
     outs: dict[int, list[torch.Tensor]] = {s: [] for s in starts}
-    set_mode(model, "teacher")
-    try:
+    with teacher_attention(lolcats_modules(model).values()):
         for i in range(n):
             hs = model(input_ids=blocks["input_ids"][i : i + 1].to(device), use_cache=False,
                        output_hidden_states=True).hidden_states
             for s in starts:
                 outs[s].append(hs[s].float().cpu())
-    finally:
-        set_mode(model, "student")
     folder.mkdir(parents=True, exist_ok=True)
     cached = {}
     for s, f in files.items():

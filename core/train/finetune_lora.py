@@ -24,7 +24,8 @@ from torch import nn
 
 from core.config import Stage2Spec
 from core.data import IGNORE_INDEX, supervised_mask
-from core.attention.surgery import set_mode
+from core.attention.layer import teacher_attention
+from core.attention.surgery import lolcats_modules
 from core.train.lora import add_lora, base_model
 from core.progress import ProgressCallback
 from core.train.loop import Batch, LoopSpec, load_best, run_loop
@@ -60,13 +61,8 @@ def kl_and_logits(model: nn.Module, batch: Batch, forward: nn.Module | None = No
     docstring), and the student's logits; ``forward`` (default ``model``) computes the student,
     e.g. a data-parallel wrapper of ``model``."""
     inner = base_model(model)
-    with torch.no_grad():
-        set_mode(inner, "teacher")
-        try:
-            with model.disable_adapter():
-                teacher = F.log_softmax(_logits(model, batch).float(), dim=-1)
-        finally:
-            set_mode(inner, "student")
+    with torch.no_grad(), teacher_attention(lolcats_modules(inner).values()), model.disable_adapter():
+        teacher = F.log_softmax(_logits(model, batch).float(), dim=-1)
     logits = _logits(forward or model, batch)
     kl = token_kl(teacher, F.log_softmax(logits.float(), dim=-1))  # [B, L]
     mask = batch.get("attention_mask")
@@ -130,7 +126,6 @@ def validation_kl(model: nn.Module, blocks: Batch, n_blocks: int) -> tuple[float
 
 
 def wrap_for_stage2(model: nn.Module, spec: Stage2Spec) -> nn.Module:
-    set_mode(base_model(model), "student")
     return add_lora(model, spec.rank, spec.alpha, spec.dropout, spec.target_modules, spec.train_feature_maps)
 
 

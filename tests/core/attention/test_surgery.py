@@ -207,16 +207,15 @@ def test_teacher_mode_is_the_unconverted_model_on_every_family(arch, overrides):
     """Inputs longer than Mistral's and Gemma 3's own sliding windows (24): teacher mode keeps them."""
     original = tiny_model(arch, seed=1, **overrides)
     model = core.linearize(copy.deepcopy(original), core.AttentionSpec(window_size=8, feature_dim=8))
-    core.set_mode(model, "teacher")
     ids, mask = left_padded_batch([60, 41], 60, seed=2)
     kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=positions(mask))
     real = mask.bool()
-    assert rel_err(model(**kwargs).logits[real], original(**kwargs).logits[real]) <= 1e-6
+    with core.teacher_attention(core.lolcats_modules(model).values()):
+        assert rel_err(model(**kwargs).logits[real], original(**kwargs).logits[real]) <= 1e-6
     if overrides:  # the model's own window matters on these inputs
         widened = copy.deepcopy(original)
         widened.config.sliding_window = None
         for layer in widened.model.layers:
             layer.self_attn.sliding_window = None
         assert rel_err(widened(**kwargs).logits[real], original(**kwargs).logits[real]) > 1e-3
-    core.set_mode(model, "student")
     assert rel_err(model(**kwargs).logits[real], original(**kwargs).logits[real]) > 1e-3  # the student differs

@@ -63,10 +63,8 @@ def test_kl_is_the_divergence_with_only_that_layer_linear():
     scores = kl_scores(model, data, 1)
     with torch.no_grad(), teacher_context(model):
         teacher = torch.log_softmax(model(**data).logits.float(), -1)
-    for m in core.lolcats_modules(model).values():
-        m.mode = "teacher"
-    core.lolcats_modules(model)[0].mode = "student"
-    with torch.no_grad():
+    others = [m for i, m in core.lolcats_modules(model).items() if i != 0]
+    with torch.no_grad(), core.teacher_attention(others):  # every converted layer but 0 in teacher mode
         student = torch.log_softmax(model(**data).logits.float(), -1)
     expected = torch.nn.functional.kl_div(student[0], teacher[0], log_target=True, reduction="batchmean").item()
     assert scores[0] == pytest.approx(expected, rel=1e-5)
@@ -97,9 +95,7 @@ def test_restore_softmax_brings_back_the_original_attention():
     assert softmax_layer_indices(model) == [0, 2]
     assert model.lolcats_config.softmax_layers == [0, 2] and model.lolcats_config.softmax_budget is None
     assert not any("layers.2.self_attn.feature_map" in k for k in model.state_dict())
-    for m in core.lolcats_modules(model).values():  # the remaining converted layers in teacher mode
-        m.mode = "teacher"
-    with torch.no_grad():
+    with torch.no_grad(), core.teacher_attention(core.lolcats_modules(model).values()):  # the remaining converted layers
         assert torch.allclose(model(**data).logits, teacher, atol=1e-5)
     with pytest.raises(ConfigError, match=r"layers \[2\] are not converted"):
         restore_softmax(model, [2])

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from core.attention.surgery import lolcats_modules, set_mode
+from core.attention.layer import teacher_attention
+from core.attention.surgery import lolcats_modules
 from core.config import preset
 from core.data import load_blocks
 from core.eval.metrics import passkey
@@ -74,12 +75,10 @@ def test_per_layer_mse_of_the_last_layer_recomputed(report, converted):
     block = {k: v[: CONFIG.eval.mse_blocks] for k, v in heldout_blocks(tokenizer).items()}
     seen = {}
     handle = module.register_forward_pre_hook(lambda m, args, kwargs: seen.update(kwargs), with_kwargs=True)
-    set_mode(inner, "teacher")
     try:
-        with torch.no_grad():
+        with torch.no_grad(), teacher_attention(lolcats_modules(inner).values()):
             model(input_ids=block["input_ids"], use_cache=False)
     finally:
-        set_mode(inner, "student")
         handle.remove()
     with torch.no_grad():
         q, k, v, q_in, k_in = module.project(seen["hidden_states"], seen["position_embeddings"])
