@@ -10,8 +10,10 @@ Modules, bottom up:
 * :mod:`jobs.kinds`    registry: kind name -> (pydantic config model, run function); presets.
 * :mod:`jobs.progress` :class:`core.progress.ProgressCallback` that writes metric / event rows.
 * :mod:`jobs.runner`   ``python -m jobs.runner JOB_ID``: the process that runs one job.
-* :mod:`jobs.worker`   supervisor: claims jobs, launches runners in their own process groups,
-                       cancels, reconciles dead or silent jobs.
+* :mod:`jobs.supervisor` the supervision loop over an executor: claims jobs, watches heartbeats,
+                       escalates cancels, judges runners that died, reconciles dead or silent jobs.
+* :mod:`jobs.worker`   the local executor: runners in their own process groups (``lolcats worker``);
+                       :mod:`jobs.executors.ray_jobs` the Ray one.
 * :mod:`jobs.api`      plain-dataclass functions: submit_job, list_jobs, get_job, ...
 * :mod:`jobs.cli`      ``lolcats jobs ...`` and ``lolcats worker``.
 """

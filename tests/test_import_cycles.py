@@ -76,3 +76,12 @@ def test_the_project_imports_form_no_circle():
     graph = {name: imported(name, path, modules) for name, path in modules.items()}
     assert sum(map(len, graph.values())) > len(modules)  # the imports were read
     assert find_circle(graph) is None, " -> ".join(find_circle(graph))
+
+
+def test_only_the_command_lines_import_core_cli():
+    """``core.cli`` sits on top of the library: no other module of ``core`` imports it."""
+    modules = project_modules()
+    offenders = sorted(name for name, path in modules.items()
+                       if name.startswith("core.") and name != "core.cli" and not name.startswith("core.cli.")
+                       and any(m == "core.cli" or m.startswith("core.cli.") for m in imported(name, path, modules)))
+    assert not offenders, offenders

@@ -1,7 +1,7 @@
 """Core commands of the ``lolcats`` CLI, one module per command, plus what every command line shares.
 
     lolcats convert [CONFIG.yaml] [--preset NAME] [--output DIR] [--resume]
-    lolcats eval RUN_OR_EXPORT [--blocks N] [--seq-len L] [--passkey-trials T] [-o FILE]
+    lolcats eval RUN_OR_EXPORT [--ppl-blocks N] [--seq-len L] [--passkey-trials T] [-o FILE]
     lolcats export RUN OUT
     lolcats chat RUN_OR_EXPORT [--max-new-tokens N]
     lolcats ablate [--preset NAME] [--steps N] [--kinds linear,terraced]

@@ -1,7 +1,7 @@
 """What every command line of the project shares: the error handler, the workspace option, run folders, progress.
 
 Used by ``lolcats`` (:mod:`app.cli`), ``lolcats jobs`` (:mod:`jobs.cli`) and the distributed entry
-point ``python -m core.pipeline.distributed``. Importing it loads neither torch nor transformers.
+point ``python -m core.cli.distributed``. Importing it loads neither torch nor transformers.
 
 Exit status: 0 done, 1 a user error (one line naming the cause and the fix, on stderr), 3 stopped
 on request (the checkpoint is kept). Any other exception is a bug and ends with its traceback.

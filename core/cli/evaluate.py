@@ -2,7 +2,9 @@
 context length (``--lengths``, against the untrained sliding-window baselines) of a converted model,
 or, with ``--tasks``, task accuracy of teacher and student through lm-evaluation-harness.
 
-Without ``--tasks``: prints a short summary (teacher and student perplexity, their ratio, passkey
+Without ``--tasks`` it runs a conversion's own evaluation step (:func:`core.pipeline.convert.evaluate_run`)
+on the loaded model, less what needs the run's training data (validation perplexity, sample answers),
+prints a short summary (teacher and student perplexity, their ratio, passkey
 accuracy) and writes the whole report, per-layer values included, as JSON (default ``<run>/eval.json``).
 With ``--tasks``: prints one row per task (teacher, student, paired difference and its 95% interval)
 and writes :func:`core.eval.harness.evaluate_tasks`'s result JSON (default ``<run>/tasks.json``).
@@ -102,7 +104,8 @@ def percent(value: float | None, sign: str = "") -> str:
 @cli_errors()
 def evaluate(
     run: Path = typer.Argument(..., help="Run folder or exported folder."),
-    blocks: int = typer.Option(8, help="Held-out blocks for perplexity."),
+    ppl_blocks: int = typer.Option(16, "--ppl-blocks", "--blocks", min=1, help="Held-out blocks for perplexity "
+                                   "(eval.ppl_blocks; --blocks is the old name)."),
     seq_len: int = typer.Option(256, help="Block length for perplexity."),
     passkey_trials: Optional[int] = typer.Option(None, min=0, help="Passkey trials per length and depth (default: "
                                                  "the run's eval settings; 0 skips the passkey test)."),
@@ -136,12 +139,12 @@ def evaluate(
         console.print(f"report: {output or run / TASKS_FILE}")
         return
     from core.config import build_config
-    from core.eval.long_context import long_context_report
-    from core.eval.metrics import per_layer_mse, perplexity, teacher_context
+    from core.eval.metrics import perplexity, teacher_context
     from core.export.teacher import teacher_problem
     from core.io import atomic_write_json
-    from core.pipeline.convert import eval_text_blocks, passkey_report
+    from core.pipeline.convert import eval_text_blocks, evaluate_run
     from core.pipeline.runs import load_converted
+    from core.run_folder import TEACHER_EVAL
 
     long_lengths = parse_lengths(lengths)
     model, tokenizer, info = load_converted(run, workspace=workspace)
@@ -155,24 +158,22 @@ def evaluate(
     long.update({k: v for k, v in (("sequences", sequences), ("passkey_trials", grid_trials)) if v is not None})
     train_seq_len = run_config.get("data", {}).get("seq_len", seq_len)
     cfg = build_config({"seed": run_config.get("seed", 0), "data": {"seq_len": seq_len},
-                        "eval": {**run_config.get("eval", {}), "ppl_blocks": blocks, **overrides, "long_context": long}})
+                        "eval": {**run_config.get("eval", {}), "ppl_blocks": ppl_blocks,
+                                 "mse_blocks": min(ppl_blocks, 2), **overrides, "long_context": long}})
     eval_blocks = eval_text_blocks(cfg, tokenizer)
     with RichProgress() as progress:
-        student = perplexity(model, eval_blocks, progress=progress, stage="student")
         unavailable = teacher_problem(model)  # an export whose base model cannot be loaded
         teacher = None
         if unavailable is None:
             with teacher_context(model):
-                teacher = perplexity(model, eval_blocks, progress=progress, stage="teacher")
-        mse = per_layer_mse(model, eval_blocks, min(blocks, 2))
-        with_key = cfg.eval.passkey_trials and unavailable is None
-        key = passkey_report(model, tokenizer, cfg.eval, cfg.seed) if with_key else None
-        with_long = cfg.eval.long_context.enabled and unavailable is None
-        long_section = long_context_report(model, tokenizer, cfg.eval.long_context, train_seq_len,
-                                           seed=cfg.seed, progress=progress) if with_long else None
-    report = {"teacher_ppl": teacher, "student_ppl": student, "ppl_ratio": None if teacher is None else student / teacher,
-              "per_layer_mse": mse, "passkey": key, "teacher_unavailable": unavailable, "long_context": long_section,
-              "eval": cfg.eval.model_dump(exclude={"samples", "max_new_tokens"}), "seq_len": seq_len}
+                teacher = perplexity(model, eval_blocks, progress=progress, stage=TEACHER_EVAL)
+        # the run's own evaluation step, less what needs its training data (validation blocks, sample prompts)
+        report = evaluate_run(model, tokenizer, cfg, eval_blocks, None, teacher, progress, train_seq_len=train_seq_len,
+                              with_passkey=bool(cfg.eval.passkey_trials) and unavailable is None,
+                              with_long_context=unavailable is None, with_samples=False)
+    long_section = report.setdefault("long_context", None)
+    report.update({"teacher_unavailable": unavailable,
+                   "eval": cfg.eval.model_dump(exclude={"samples", "max_new_tokens"}), "seq_len": seq_len})
     path = atomic_write_json(output or run / EVAL_FILE, report)
     if unavailable:
         console.print(f"[yellow]teacher unavailable:[/yellow] {unavailable}", highlight=False)

@@ -1,9 +1,10 @@
 """The two training stages on several devices: block-wise stage 1 and data-parallel stage 2.
 
-Launch one process per device (``N`` = number of GPUs; on CPU, ``N`` processes with gloo)::
+Launch one process per device (``N`` = number of GPUs; on CPU, ``N`` processes with gloo) with the
+command line :mod:`core.cli.distributed`::
 
-    python -m torch.distributed.run --standalone --nproc_per_node N -m core.pipeline.distributed stage1 --config my.yaml --output my-run
-    accelerate launch --num_processes N -m core.pipeline.distributed stage2 --config my.yaml --output my-run
+    python -m torch.distributed.run --standalone --nproc_per_node N -m core.cli.distributed stage1 --config my.yaml --output my-run
+    accelerate launch --num_processes N -m core.cli.distributed stage2 --config my.yaml --output my-run
     lolcats convert my.yaml --output my-run --resume     # both stages found finished: evaluation, report.json
 
 Stage 1 (attention transfer) needs ``stage1.layers_per_block``. With teacher forcing, every block
@@ -18,7 +19,7 @@ Stage 2 (LoRA) is data-parallel. Every process sees the whole model; of each opt
 ``grad_accum`` micro-batches, process ``r`` takes ``r, r + N, ...``; gradients are averaged across
 processes before the step, so a step equals the single-process step with the same global batch
 (``batch_size x grad_accum``, which must be a multiple of ``N``). Rank 0 reports progress and
-writes the checkpoints. Two strategies (``--strategy``):
+writes the checkpoints. Two strategies (``strategy``, ``--strategy`` on the command line):
 
 - ``ddp`` (default): accelerate's DDP (gloo on CPU, NCCL on GPUs); every process holds a full copy.
 - ``fsdp``, for models that do not fit one device: torch's ``fully_shard`` (FSDP2) shards each
@@ -36,8 +37,6 @@ run config's ``model.dtype``; accelerate's own mixed precision is not used.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -46,8 +45,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from core.cli.common import PRESET_HELP, SET_HELP, WORKSPACE_HELP, exit_status, run_path
-from core.config import ConfigError, ConvertConfig, load_config
+from core.config import ConfigError, ConvertConfig
 from core.pipeline.prelude import save_stage_summary, stage_finished, start_run
 from core.progress import ProgressCallback
 
@@ -264,7 +262,7 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
         model, train, val = linearize(run.model, config.attention), run.train, run.val
         if config.stage1.enabled:
             if not stage_finished(output, "stage1", config.stage1.steps):
-                raise ConfigError(f"stage 1 is not finished in {output}; run `python -m core.pipeline.distributed stage1` (or "
+                raise ConfigError(f"stage 1 is not finished in {output}; run `python -m core.cli.distributed stage1` (or "
                                   "`lolcats convert`) on this run folder first")
             load_best(model, output, "stage1")
         if main:  # softmax_layers "auto": the main process chooses (or reads its choice), then the others read it
@@ -295,50 +293,3 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
     finally:
         if dist.is_initialized():  # no collective here: after an error the launcher stops the other processes
             dist.destroy_process_group()
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-# ---------------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m core.pipeline.distributed",
-        description="Run one conversion stage across the processes of a torchrun / accelerate launch.")
-    parser.add_argument("stage", choices=["stage1", "stage2"])
-    parser.add_argument("--config", type=Path, default=None, help="YAML run config (sections as for lolcats convert)")
-    parser.add_argument("--preset", default=None, help=PRESET_HELP)
-    parser.add_argument("--set", dest="sets", action="append", default=[], help=SET_HELP)
-    parser.add_argument("--output", "-o", required=True,
-                        help="run folder: an absolute path, or a name under <workspace>/runs")
-    parser.add_argument("--workspace", "-w", default=None, help=WORKSPACE_HELP)
-    parser.add_argument("--result", type=Path, default=None, help="rank 0 also writes its result here as JSON")
-    parser.add_argument("--strategy", choices=STRATEGIES, default=None,
-                        help="stage 2 only: ddp replicates the model on every process, fsdp shards it "
-                             "(default: fsdp when accelerate is configured for FSDP, else ddp)")
-    args = parser.parse_args(argv)
-    try:
-        if args.config is None and args.preset is None:
-            raise ConfigError("give --config CONFIG.yaml or --preset NAME")
-        config = load_config(args.config, args.preset, overrides=args.sets)
-        output = run_path(args.output, args.workspace, "run")
-        if args.stage == "stage1":
-            if args.strategy is not None:
-                raise ConfigError("--strategy is for stage 2; stage 1 is block-wise: each process trains whole "
-                                  "blocks of layers on its own")
-            result = run_stage1(config, output, args.workspace)
-        else:
-            result = run_stage2(config, output, args.workspace, strategy=args.strategy)
-    except Exception as exc:
-        code = exit_status(exc)
-        if code is None:
-            raise
-        return code
-    if args.result is not None and int(os.environ.get("RANK", "0")) == 0:
-        args.result.write_text(json.dumps(result, indent=1, default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,9 +2,10 @@
 
 Every executor starts the same command, ``python -m jobs.runner <id>``, which validates the
 stored config, runs the kind, writes heartbeats, metrics and events, and records its own outcome
-in the job database; the executor claims queued jobs, supervises what it started, forwards
-cancels and judges runners that died without recording anything. The database stays the source
-of truth whichever executor runs a job.
+in the job database. One loop (:class:`jobs.supervisor.Supervisor`) claims queued jobs, watches
+heartbeats and escalates cancels for every executor; the executor starts, polls, terminates and
+kills attempts and judges runners that died without recording anything. The database stays the
+source of truth whichever executor runs a job.
 
 * ``local`` (:class:`jobs.worker.Worker`, the default): one process group per job on this
   machine (``lolcats worker``).

@@ -25,7 +25,7 @@ from core.workspace import ENV_VAR as WORKSPACE_ENV
 from jobs import store
 from jobs.db import DB_URL_ENV, open_db, schema_version
 from jobs.models import utcnow
-from jobs.worker import parse_worker_id
+from jobs.supervisor import parse_worker_id
 
 
 def _is_worker(cmdline: list[str]) -> bool:

@@ -53,12 +53,12 @@ def config(config_file):
 
 def torchrun(stage: str, config_file: Path, output: str, workspace: Path, nproc: int = 2,
              extra: tuple[str, ...] = ()) -> tuple[dict, str]:
-    """``torchrun --nproc_per_node nproc -m core.pipeline.distributed STAGE``; returns rank 0's result and the output."""
+    """``torchrun --nproc_per_node nproc -m core.cli.distributed STAGE``; returns rank 0's result and the output."""
     result = workspace / f"{output}-{stage}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p),
            "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "core.pipeline.distributed", stage, "--config", str(config_file), "--preset", "tiny-test",
+           "-m", "core.cli.distributed", stage, "--config", str(config_file), "--preset", "tiny-test",
            "--output", output, "--workspace", str(workspace), "--result", str(result), *extra]
     proc = subprocess.run(cmd, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
     output_text = proc.stdout + proc.stderr
@@ -213,7 +213,7 @@ def test_stage2_strategy_follows_the_flag_and_accelerate(workspace, config_file)
 
 
 def test_strategy_flag_is_refused_for_stage1(config_file, capsys):
-    from core.pipeline.distributed import main
+    from core.cli.distributed import main
 
     assert main(["stage1", "--config", str(config_file), "--preset", "tiny-test", "-o", "x", "--strategy", "fsdp"]) == 1
     assert "--strategy is for stage 2" in capsys.readouterr().err

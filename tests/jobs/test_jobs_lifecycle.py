@@ -13,7 +13,8 @@ import pytest
 from jobs import api, store
 from jobs.db import open_db
 from jobs.selftest import selftest_state
-from jobs.worker import Worker, WorkerOptions, _Child
+from jobs.supervisor import Attempt
+from jobs.worker import Worker, WorkerOptions
 from jobs_testutil import WORKER_EXIT_S, group_alive, pid_alive, read_checkpoint, run_dir, starts, wait_for, wait_status
 
 pytestmark = pytest.mark.slow  # real worker and job processes, signals and timeouts
@@ -214,7 +215,7 @@ def test_exit_codes_of_unrecorded_runner_deaths(ws):
         folder.mkdir(parents=True)
         with open(folder / "runner.log", "wb") as out:
             proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT)
-        worker._judge_exit(_Child(job_id, claim.attempt, proc, folder), proc.wait())
+        worker._judge_exit(Attempt(job_id, claim.attempt, proc, folder), proc.wait())
     info = api.get_job(crashed, workspace=ws)
     assert info.status == "failed"
     assert "exited with code 2" in info.error and "no module named kaput" in info.error

@@ -19,7 +19,8 @@ from jobs.errors import (ConfigError, DatabaseBusyError, InvalidTransition, Resu
                          describe_failure, is_out_of_memory)
 from core.config import config_diff
 from jobs.models import Job, utcnow
-from jobs.worker import Worker, WorkerOptions, make_worker_id
+from jobs.supervisor import make_worker_id
+from jobs.worker import Worker, WorkerOptions
 from jobs_testutil import WriteLockHolder, wait_for
 
 

@@ -76,6 +76,12 @@ def test_eval_lengths_print_the_table_with_both_baselines_and_the_verdicts(cli, 
     assert bad.exit_code == 2 and "--lengths takes" in bad.output
 
 
+def test_eval_blocks_flag_is_named_after_the_config_field(cli):
+    result = runner.invoke(cli, ["eval", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "--ppl-blocks" in result.output and "--blocks" in result.output
+    assert "default: 16" in " ".join(result.output.split())  # eval.ppl_blocks' default
+
+
 def test_eval_has_no_preset_option(cli, converted):
     out, _ = converted
     result = runner.invoke(cli, ["eval", str(out), "--preset", "tiny-test"])
