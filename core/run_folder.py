@@ -38,11 +38,26 @@ def is_run(path: str | os.PathLike) -> bool:
     return (path / CONFIG_FILE).is_file() and any((path / stage).is_dir() for stage in STAGE_DIRS)
 
 
+class RunFolderGoneError(RuntimeError):
+    """A run folder lost its config file while the conversion was writing into it."""
+
+
+def check_intact(path: str | os.PathLike) -> None:
+    """Raise :class:`RunFolderGoneError` when the run folder at ``path`` no longer holds its
+    :data:`CONFIG_FILE` (deleted, or emptied, while the conversion ran): writing on would recreate
+    a folder that holds checkpoints without the config they belong to, which nothing can load."""
+    path = Path(path)
+    if not (path / CONFIG_FILE).is_file():
+        raise RunFolderGoneError(
+            f"the run folder {path} was deleted while the conversion ran (its {CONFIG_FILE} is gone); "
+            "nothing more is written there: submit the conversion again")
+
+
 def is_export(path: str | os.PathLike) -> bool:
     """An exported model folder (its ``lolcats.json``)."""
     return (Path(path) / EXPORT_CONFIG).is_file()
 
 
-__all__ = ["BENCH", "CONFIG_FILE", "EXPORT_CONFIG", "LONG_CONTEXT", "LONG_CONTEXT_PASSKEY", "REPORT_FILE", "STAGE1",
-           "STAGE2", "STAGE_DIRS", "STAGE_LABELS", "STUDENT_EVAL", "STUDENT_TASKS", "STUDENT_VAL", "TEACHER_EVAL",
-           "TEACHER_TASKS", "is_export", "is_run"]
+__all__ = ["BENCH", "CONFIG_FILE", "EXPORT_CONFIG", "LONG_CONTEXT", "LONG_CONTEXT_PASSKEY", "REPORT_FILE",
+           "RunFolderGoneError", "STAGE1", "STAGE2", "STAGE_DIRS", "STAGE_LABELS", "STUDENT_EVAL", "STUDENT_TASKS",
+           "STUDENT_VAL", "TEACHER_EVAL", "TEACHER_TASKS", "check_intact", "is_export", "is_run"]

@@ -33,6 +33,7 @@ from core.train.checkpoint import (has_checkpoint, load_checkpoint, load_optimiz
                                    optimizer_state, restore_rng, save_checkpoint, trainable_state)
 from core.io import is_oom
 from core.progress import ProgressCallback, StopRequested
+from core.run_folder import CONFIG_FILE, check_intact
 from core.train.parallel import Parallel
 
 Batch = dict[str, torch.Tensor]
@@ -167,12 +168,19 @@ def run_loop(
         restore_rng(state)
         progress.on_log(f"{spec.stage}: resuming after step {start} from {last_dir}")
 
+    in_run_folder = (run_dir / CONFIG_FILE).is_file()  # a conversion's run folder, not a bare output folder
+
+    def write(path: Path, tensors: dict, state: dict, opt_state: dict | None = None) -> None:  # rank 0 only
+        if in_run_folder:
+            check_intact(run_dir)  # never recreate a deleted run folder with checkpoints alone
+        save_checkpoint(path, tensors, state, opt_state)
+
     def save(step: int) -> None:  # every process gathers (sharded models), rank 0 writes
         tensors, opt_state = trainable_state(model), optimizer_state(opt)
         if main:
             state = {"stage": spec.stage, "step": step, "best_val_loss": best_val, "scheduler": sched.state_dict(),
                      "config": config}
-            save_checkpoint(last_dir, tensors, state, opt_state)
+            write(last_dir, tensors, state, opt_state)
 
     step = start
     layer_means = LayerMeans()
@@ -222,8 +230,7 @@ def run_loop(
                     best_val = val
                     tensors = trainable_state(model)
                     if main:
-                        save_checkpoint(best_dir, tensors, {"stage": spec.stage, "step": step, "val_loss": val,
-                                                            "config": config})
+                        write(best_dir, tensors, {"stage": spec.stage, "step": step, "val_loss": val, "config": config})
                 save(step)
     except RuntimeError as e:
         if is_oom(e) and not isinstance(e, NonFiniteLossError):

@@ -73,3 +73,23 @@ def test_sigkill_then_resume_ends_like_an_uninterrupted_run(ws, start_worker, ti
     for key in ("teacher_ppl", "student_ppl", "val_ppl"):
         assert report[key] == pytest.approx(uninterrupted[key], rel=1e-5), key
     assert report["per_layer_mse"] == pytest.approx(uninterrupted["per_layer_mse"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_run_folder_deleted_under_the_job_fails_it_clearly_and_the_worker_serves_on(ws, start_worker,
+                                                                                       tiny_model_folder):
+    """The run folder removed while stage 1 trains: the job fails naming the folder, nothing
+    recreates it with checkpoints that lack their config, and the worker runs the next job."""
+    shutil.copytree(tiny_model_folder, ws / "models" / TINY_MODEL)
+    job_id = api.submit_job("convert", _config("stage1"), workspace=ws).id
+    run = run_dir(ws, job_id)
+    start_worker()
+    wait_for(lambda: (api.get_job(job_id, workspace=ws).progress_step or 0) >= 3 and (run / "stage1").is_dir(), 180,
+             interval=0.02, what="stage 1 to write its first checkpoint")
+    shutil.rmtree(run)
+    info = wait_status(ws, job_id, ("succeeded", "failed"), timeout=180)
+    assert info.status == "failed"
+    assert info.error.startswith(f"RunFolderGoneError: the run folder {run} was deleted while the conversion ran")
+    assert not run.exists()
+    after = api.submit_job("selftest", {"steps": 2}, workspace=ws).id
+    assert wait_status(ws, after, ("succeeded", "failed"), timeout=120).status == "succeeded"

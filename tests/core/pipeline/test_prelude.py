@@ -7,6 +7,7 @@ import pytest
 from core.attention.surgery import is_linearized
 from core.config import ConfigError, preset
 from core.pipeline.prelude import save_stage_summary, stage_summary, start_run
+from core.run_folder import RunFolderGoneError, check_intact
 
 
 def test_start_run_leaves_the_run_folder_to_the_main_process(workspace, tmp_path):
@@ -27,6 +28,15 @@ def test_start_run_writes_the_config_once_and_checks_it_on_resume(workspace, tmp
         start_run(preset("tiny-test"), out, resume=False, workspace=workspace)
     with pytest.raises(ConfigError, match="stage1.lr"):
         start_run(preset("tiny-test", stage1={"lr": 0.5}), out, resume=True, workspace=workspace)
+
+
+def test_a_run_folder_is_intact_while_it_holds_its_config(workspace, tmp_path):
+    out = tmp_path / "run"
+    start_run(preset("tiny-test"), out, resume=False, workspace=workspace)
+    check_intact(out)
+    (out / "config.json").unlink()
+    with pytest.raises(RunFolderGoneError, match=f"the run folder {out} was deleted while the conversion ran"):
+        check_intact(out)
 
 
 def test_stage_summary_round_trip(tmp_path):
