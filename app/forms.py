@@ -20,9 +20,9 @@ from core.config import (
     config_fields,
     deep_merge,
     parse_yaml_mapping,
+    set_dotted,
     validation_problems,
 )
-from core.config.constants import SOFTMAX_SCORES
 from core.data.preflight import DataSourceError
 from core.models import ModelFitError
 from core.pipeline.preflight import check_conversion
@@ -76,25 +76,42 @@ def _data_choice(source: str) -> tuple[str, str]:
     return ("local" if looks_local else "hub"), source
 
 
+# The config fields the form edits, by dotted path: each one's widget is keyed by its path (the page
+# adds a prefix), so form_values and build map them both ways. model.source and data.source are
+# edited by the source pickers (model_choice / model_path, data_choice / data_path).
+FIELDS = (
+    "model.dtype", "model.device",
+    "data.format", "data.seq_len", "data.max_examples", "data.val_examples",
+    "attention.kind", "attention.feature_map", "attention.feature_dim", "attention.window_size",
+    "attention.sink_tokens", "attention.softmax_layers", "attention.softmax_budget", "attention.softmax_score",
+    *(f"{stage}.{name}" for stage in ("stage1", "stage2") for name in ("enabled", "steps", "lr", "grad_accum",
+                                                                      "eval_every")),
+    "stage2.rank",
+)
+LR_FIELDS = ("stage1.lr", "stage2.lr")  # typed as text (1e-3), so a widget shows them with :g
+
+
+def _get(config: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        config = config[part]
+    return config
+
+
 def form_values(config: dict[str, Any]) -> dict[str, Any]:
-    """Widget values (keyed like the form's widgets) showing ``config``."""
-    m, d, a, s1, s2 = (config[k] for k in ("model", "data", "attention", "stage1", "stage2"))
-    model_choice, model_path = _model_choice(m["source"])
-    data_choice, data_path = _data_choice(d["source"])
-    return {
-        "model_choice": model_choice, "model_path": model_path, "dtype": m["dtype"], "device": m["device"],
-        "data_choice": data_choice, "data_path": data_path, "data_format": d["format"], "seq_len": d["seq_len"],
-        "max_examples": d["max_examples"] or 0, "val_examples": d["val_examples"],
-        "attention_kind": a["kind"], "feature_map": a["feature_map"], "feature_dim": a["feature_dim"],
-        "window_size": a["window_size"], "sink_tokens": a.get("sink_tokens", 0),
-        "softmax_layers": _layers_text(a["softmax_layers"]),
-        "softmax_budget": DEFAULT_BUDGET if a["softmax_budget"] is None else a["softmax_budget"],
-        "softmax_score": a["softmax_score"],
-        "stage1_enabled": s1["enabled"], "stage1_steps": s1["steps"], "stage1_lr": f"{s1['lr']:g}",
-        "stage1_grad_accum": s1["grad_accum"], "stage1_eval_every": s1["eval_every"],
-        "stage2_enabled": s2["enabled"], "stage2_steps": s2["steps"], "stage2_lr": f"{s2['lr']:g}",
-        "stage2_grad_accum": s2["grad_accum"], "stage2_rank": s2["rank"], "stage2_eval_every": s2["eval_every"],
-    }
+    """Widget values (keyed like the form's widgets: the fields' dotted paths) showing ``config``;
+    a field ``config`` lacks (a job stored before the field existed) shows its default."""
+    config = deep_merge(ConvertConfig().model_dump(), config)
+    values = {path: _get(config, path) for path in FIELDS}
+    values["data.max_examples"] = values["data.max_examples"] or 0
+    values["attention.softmax_layers"] = _layers_text(values["attention.softmax_layers"])
+    if values["attention.softmax_budget"] is None:
+        values["attention.softmax_budget"] = DEFAULT_BUDGET
+    for path in LR_FIELDS:
+        values[path] = f"{values[path]:g}"
+    model_choice, model_path = _model_choice(config["model"]["source"])
+    data_choice, data_path = _data_choice(config["data"]["source"])
+    return {"model_choice": model_choice, "model_path": model_path, "data_choice": data_choice,
+            "data_path": data_path, **values}
 
 
 def _float(text: Any, field: str, problems: list[tuple[str, str]]) -> Any:
@@ -129,21 +146,21 @@ def _layers(text: str, problems: list[tuple[str, str]]) -> list[int] | str | Non
 
 
 def _softmax_fields(values: dict[str, Any], problems: list[tuple[str, str]]) -> dict[str, Any]:
-    """The ``attention`` fields of the softmax layers: with ``auto`` its budget and score, with a
-    list no budget (the config refuses a budget without ``auto``), nothing when the entry is bad."""
-    layers = _layers(values["softmax_layers"], problems)
+    """The ``attention`` fields of the softmax layers: with ``auto`` its budget, with a list no
+    budget (the config refuses a budget without ``auto``), nothing when the entry is bad."""
+    layers = _layers(values["attention.softmax_layers"], problems)
     if layers is None:
         return {}
     if layers != AUTO:
         return {"softmax_layers": layers, "softmax_budget": None}
-    return {"softmax_layers": AUTO, "softmax_budget": int(values.get("softmax_budget", DEFAULT_BUDGET)),
-            "softmax_score": values.get("softmax_score", SOFTMAX_SCORES[0])}
+    return {"softmax_layers": AUTO, "softmax_budget": int(values["attention.softmax_budget"])}
 
 
 def build(preset: str, values: dict[str, Any], base: dict[str, Any] | None = None
           ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """Merge the form ``values`` into the preset, or into ``base`` (a whole config: a job's, or one
-    loaded from YAML, whose fields outside the form it keeps); returns ``(config dict, parse problems)``."""
+    """Merge the form ``values`` (keyed as :func:`form_values` keys them) into the preset, or into
+    ``base`` (a whole config: a job's, or one loaded from YAML, whose fields outside the form it
+    keeps); returns ``(config dict, parse problems)``."""
     problems: list[tuple[str, str]] = []
     choice = values["model_choice"]
     if choice == "bundled":
@@ -162,23 +179,18 @@ def build(preset: str, values: dict[str, Any], base: dict[str, Any] | None = Non
         data_source = str(values.get("data_path") or "").strip()
         if not data_source:
             problems.append(("data.source", "enter a dataset id or a file path, or pick a bundled dataset"))
-    form = {
-        "model": {"source": model_source or BUNDLED_MODEL, "dtype": values["dtype"], "device": values["device"]},
-        "data": {"source": data_source or "gsm8k", "format": values["data_format"],
-                 "seq_len": int(values["seq_len"]), "val_examples": int(values["val_examples"]),
-                 "max_examples": int(values["max_examples"]) or None},
-        "attention": {"kind": values["attention_kind"], "feature_map": values["feature_map"],
-                      "feature_dim": int(values["feature_dim"]), "window_size": int(values["window_size"]),
-                      "sink_tokens": int(values.get("sink_tokens") or 0), **_softmax_fields(values, problems)},
-        "stage1": {"enabled": bool(values["stage1_enabled"]), "steps": int(values["stage1_steps"]),
-                   "grad_accum": int(values["stage1_grad_accum"]), "eval_every": int(values["stage1_eval_every"])},
-        "stage2": {"enabled": bool(values["stage2_enabled"]), "steps": int(values["stage2_steps"]),
-                   "grad_accum": int(values["stage2_grad_accum"]), "rank": int(values["stage2_rank"]),
-                   "eval_every": int(values["stage2_eval_every"])},
-    }
-    for stage in ("stage1", "stage2"):
-        lr = _float(values[f"{stage}_lr"], f"{stage}.lr", problems)
-        if lr is not None:
+    form = {"model": {"source": model_source or BUNDLED_MODEL}, "data": {"source": data_source or "gsm8k"}}
+    for path in FIELDS:
+        form = set_dotted(form, path, values[path])
+    form["data"]["max_examples"] = int(values["data.max_examples"]) or None
+    del form["attention"]["softmax_layers"], form["attention"]["softmax_budget"]
+    form["attention"].update(_softmax_fields(values, problems))
+    for path in LR_FIELDS:
+        stage = path.split(".")[0]
+        lr = _float(values[path], path, problems)
+        if lr is None:
+            del form[stage]["lr"]
+        else:
             form[stage]["lr"] = lr
     return deep_merge(base if base is not None else preset_config(preset), form), problems
 

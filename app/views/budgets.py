@@ -10,7 +10,7 @@ import streamlit as st
 
 from app import charts, common
 from core.config import PRESETS, preset
-from core.pipeline.budget_table import tradeoff_figure
+from core.pipeline.budget_table import score_name, tradeoff_figure
 from jobs.records import JobInfo
 
 BUDGETS = "budgets"  # job kind of a softmax-budget sweep
@@ -57,8 +57,9 @@ def _sweep(job: JobInfo, result: dict) -> None:
     scores = result.get("layer_scores") or []
     if scores:
         kept = max(result["rows"], key=lambda r: r["budget"])["softmax_layers"]
-        st.plotly_chart(charts.layer_score_bars(scores, kept, result.get("score", "kl")), key=f"budgets_scores_{job.id}")
-        st.caption(f"Layer scores after the shared attention transfer ({result.get('score')}); marked: the layers the "
+        score = score_name(result) or "kl"
+        st.plotly_chart(charts.layer_score_bars(scores, kept, score), key=f"budgets_scores_{job.id}")
+        st.caption(f"Layer scores after the shared attention transfer ({score}); marked: the layers the "
                    f"largest budget keeps softmax. Decode cost measured at {result['context']} tokens of context, "
                    "batch 1, on this machine.")
 
@@ -78,5 +79,5 @@ if finished:
     chosen = st.selectbox("Sweep", list(by_id), key="budgets_job", format_func=lambda i: common.job_label(by_id[i][0]))
     _sweep(*by_id[chosen])
 else:
-    st.info("No finished budget sweep yet. Queue one below, or run `lolcats ablate --softmax-budgets 0,1,2,4,8`.")
+    st.info("No finished budget sweep yet. Queue one below, or run `lolcats ablate --budgets 0,1,2,4,8`.")
 _launch_form(expanded=not finished)

@@ -16,13 +16,14 @@ import streamlit as st
 import yaml
 
 from app import common, forms
-from core.config import FEATURE_MAPS, KINDS, PRESET_DESCRIPTIONS
-from core.config.constants import SOFTMAX_SCORES
+from core.config import PRESET_DESCRIPTIONS, AttentionSpec, DataSpec, ModelSpec, field_choices
 from core.pipeline.phases import unlisted_phases
 
-P = "launch_"  # widget key prefix
-_SAVED = "launch_saved_values"  # survives page switches (Streamlit drops widget state of hidden pages)
+P = "launch_"  # key prefix: a form field's widget is P + the field (a dotted path, forms.FIELDS) + "~" + the filling
+_FORM = "launchform"  # the form's values by field: plain session state, so they survive page switches
+_FILLED = "launchfilled"  # how many times the form was filled from a config (a preset, YAML, a job)
 _BASE = "launchbase"  # {"label", "config"}: the whole config the form edits, instead of the preset's
+_PICK = "launchpreset_"  # + the preset shown: the preset box's key
 Y = "launchyaml_"  # keys of widgets not saved with the form (an upload or a button cannot be restored)
 
 
@@ -37,14 +38,51 @@ def _default_preset() -> str:
     return common.DEMO_PRESET
 
 
+# Streamlit keeps what the browser last reported for a widget. A widget whose value is assigned
+# through session state can be redrawn by the browser from its declared default (a new session's
+# first page cut short by the next run) and report that default back, silently undoing a filled
+# form. So every field widget declares the form's own value as its default and is keyed by the
+# filling too: filling the form makes new widgets instead of assigning to existing ones.
+
+
 def _show(config: dict) -> None:
-    for key, value in forms.form_values(config).items():
-        st.session_state[P + key] = value
+    """Fill the form from ``config``."""
+    st.session_state[_FORM] = forms.form_values(config)
+    st.session_state[_FILLED] = st.session_state.get(_FILLED, 0) + 1
+
+
+def _key(field: str) -> str:
+    return f"{P}{field}~{st.session_state[_FILLED]}"
+
+
+def _value(field: str):
+    return st.session_state[_FORM][field]
+
+
+def _index(options: list, field: str) -> int:
+    return options.index(_value(field))
+
+
+def _sync() -> None:
+    """The values the widgets of this filling reported (this run's input) into the form."""
+    form = st.session_state[_FORM]
+    for field in form:
+        if _key(field) in st.session_state:
+            form[field] = st.session_state[_key(field)]
 
 
 def _apply_preset() -> None:
     st.session_state.pop(_BASE, None)
     _show(forms.preset_config(st.session_state[P + "preset"]))
+
+
+def _pick_preset(box: str) -> None:
+    """The preset box's change: a preset other than the shown one refills the form. The box also
+    reports the shown one when a run that drew it first was cut short by the next (a new session's
+    first page): that is no change, and the form keeps a config loaded meanwhile."""
+    if st.session_state[box] != st.session_state[P + "preset"]:
+        st.session_state[P + "preset"] = st.session_state[box]
+        _apply_preset()
 
 
 def _use_base(label: str, config: dict) -> None:
@@ -64,27 +102,13 @@ def _load_yaml() -> None:
 
 
 def _init_state() -> None:
-    saved = st.session_state.get(_SAVED)
-    if P + "preset" not in st.session_state:
-        if saved:
-            for key, value in saved.items():
-                st.session_state[key] = value
-        else:
-            st.session_state[P + "preset"] = _default_preset()
-            _apply_preset()
+    if _FORM not in st.session_state:  # the first visit
+        st.session_state[P + "preset"] = _default_preset()
+        _apply_preset()
+    _sync()
     opened = st.session_state.pop(common.LAUNCH_FROM, None)
     if opened is not None:
         _use_base(opened["label"], opened["config"])
-    # The auto widgets are drawn only with softmax_layers auto, and Streamlit drops the value of a
-    # widget not drawn in a run; assigning the value to itself keeps it while the widget is hidden.
-    for key, default in (("softmax_budget", forms.DEFAULT_BUDGET), ("softmax_score", SOFTMAX_SCORES[0])):
-        st.session_state[P + key] = st.session_state.get(P + key, default)
-
-
-def _save_state() -> None:
-    st.session_state[_SAVED] = {k: v for k, v in st.session_state.items()
-                                if isinstance(k, str) and k.startswith(P) and not k.startswith(P + "submit")
-                                and k != _SAVED}
 
 
 def _problems_for(section: str, problems: list[tuple[str, str]]) -> None:
@@ -96,22 +120,35 @@ def _problems_for(section: str, problems: list[tuple[str, str]]) -> None:
 def _source(label: str, choices: dict[str, str], key: str, named: dict[str, tuple[str, str]]) -> None:
     """A radio of source choices (``<key>_choice``) and, for a choice in ``named`` (hub id, local
     path), a text input ``<key>_path`` with that choice's ``(label, placeholder)``."""
-    choice = st.radio(label, list(choices), key=P + key + "_choice", format_func=choices.get, horizontal=True)
+    field = key + "_choice"
+    choice = st.radio(label, list(choices), index=_index(list(choices), field), key=_key(field),
+                      format_func=choices.get, horizontal=True)
     if choice in named:
         text, placeholder = named[choice]
-        st.text_input(text, key=P + key + "_path", placeholder=placeholder)
+        st.text_input(text, value=_value(key + "_path"), key=_key(key + "_path"), placeholder=placeholder)
+
+
+def _select(where, label: str, options: list, field: str, **kw):
+    return where.selectbox(label, options, index=_index(options, field), key=_key(field), **kw)
+
+
+def _number(where, label: str, field: str, **kw):
+    return where.number_input(label, value=_value(field), key=_key(field), **kw)
 
 
 def _stage_budget(stage: str, title: str, lr_help: str, problems, lora_rank: bool = False) -> None:
     """The budget inputs of ``stage`` (``stage1`` or ``stage2``) and its problems."""
-    st.checkbox(title, key=P + stage + "_enabled")
+    def field(name: str) -> dict:
+        return {"value": _value(f"{stage}.{name}"), "key": _key(f"{stage}.{name}")}
+
+    st.checkbox(title, **field("enabled"))
     a, b = st.columns(2)
-    a.number_input("Steps", key=P + stage + "_steps", step=10)
-    b.text_input("Learning rate", key=P + stage + "_lr", help=lr_help)
-    a.number_input("Gradient accumulation", key=P + stage + "_grad_accum", step=1)
+    a.number_input("Steps", step=10, **field("steps"))
+    b.text_input("Learning rate", help=lr_help, **field("lr"))
+    a.number_input("Gradient accumulation", step=1, **field("grad_accum"))
     if lora_rank:
-        b.number_input("LoRA rank", key=P + stage + "_rank", step=1, help="recipe 8 (alpha 16)")
-    b.number_input("Validate every", key=P + stage + "_eval_every", step=10)
+        b.number_input("LoRA rank", step=1, help="recipe 8 (alpha 16)", **field("rank"))
+    b.number_input("Validate every", step=10, **field("eval_every"))
     _problems_for(stage, problems)
 
 
@@ -134,8 +171,12 @@ def _base_notice() -> None:
 
 def _form(problems) -> None:
     described = {**PRESET_DESCRIPTIONS, forms.RECIPE: "the paper's Llama 3 8B recipe values"}
-    st.selectbox("Preset", forms.preset_names(), key=P + "preset", on_change=_apply_preset,
-                 help="Fills every field below; edit any of them afterwards.")
+    # The preset itself is plain session state (P + "preset"); its box is keyed by the preset it
+    # shows and drawn with that index, so a box the browser redraws from its default shows the
+    # same preset instead of reporting the first one as a change (which would refill the form).
+    names, current = forms.preset_names(), st.session_state[P + "preset"]
+    st.selectbox("Preset", names, index=names.index(current), key=_PICK + current, on_change=_pick_preset,
+                 args=(_PICK + current,), help="Fills every field below; edit any of them afterwards.")
     if _BASE not in st.session_state:  # else the form shows the loaded config, not the preset
         st.caption(described[st.session_state[P + "preset"]])
     _base_notice()
@@ -145,42 +186,47 @@ def _form(problems) -> None:
     _source("Teacher model", forms.MODEL_CHOICES, "model", {
         "hub": ("Hub id", "HuggingFaceTB/SmolLM2-360M-Instruct"), "local": ("Folder or .gguf path", "/models/my-llama")})
     c1, c2 = st.columns(2)
-    c1.selectbox("dtype", ["float32", "bfloat16", "float16"], key=P + "dtype")
-    c2.selectbox("Device", ["auto", "cpu", "cuda"], key=P + "device", help="auto: CUDA when present, else CPU")
+    _select(c1, "dtype", field_choices(ModelSpec, "dtype"), "model.dtype")
+    devices = field_choices(ModelSpec, "device")  # and a device name a loaded config gives (cuda:1)
+    shown = _value("model.device")
+    _select(c2, "Device", [*devices, shown] if shown not in devices else devices, "model.device",
+            help="auto: CUDA when present, else CPU")
 
     st.subheader("Data")
     _source("Training data", forms.DATA_CHOICES, "data", {
         "hub": ("Dataset id", "yahma/alpaca-cleaned"), "local": ("File path", "data/my_rows.jsonl")})
     c1, c2, c3, c4 = st.columns(4)
-    c1.selectbox("Format", ["instruction", "text"], key=P + "data_format")
-    c2.number_input("Sequence length", key=P + "seq_len", step=64, help="packed block length (recipe 1024)")
-    c3.number_input("Max examples (0 = all)", key=P + "max_examples", step=100)
-    c4.number_input("Validation rows", key=P + "val_examples", step=8, help="the first rows (recipe 200)")
+    _select(c1, "Format", field_choices(DataSpec, "format"), "data.format")
+    _number(c2, "Sequence length", "data.seq_len", step=64, help="packed block length (recipe 1024)")
+    _number(c3, "Max examples (0 = all)", "data.max_examples", step=100)
+    _number(c4, "Validation rows", "data.val_examples", step=8, help="the first rows (recipe 200)")
     _problems_for("data", problems)
     _problems_for("model", problems)
 
     st.subheader("Attention")
     c1, c2, c3, c4 = st.columns(4)
-    c1.selectbox("Kind", KINDS, key=P + "attention_kind",
-                 help="terraced: the recipe's tiled window (tk); sliding_window: last w keys; linear: no window")
-    c2.selectbox("Feature map", FEATURE_MAPS, key=P + "feature_map",
-                 help="hedgehog: [softmax(xW), softmax(-xW)]; t2r: relu(xW + b)")
-    c3.number_input("Feature dim", key=P + "feature_dim", step=8, help="hedgehog f (F = 2f); recipe 64")
-    c4.number_input("Window", key=P + "window_size", step=16, help="window / tile length; recipe 64")
+    _select(c1, "Kind", field_choices(AttentionSpec, "kind"), "attention.kind",
+            help="terraced: the recipe's tiled window (tk); sliding_window: last w keys; linear: no window")
+    _select(c2, "Feature map", field_choices(AttentionSpec, "feature_map"), "attention.feature_map",
+            help="hedgehog: [softmax(xW), softmax(-xW)]; t2r: relu(xW + b)")
+    _number(c3, "Feature dim", "attention.feature_dim", step=8, help="hedgehog f (F = 2f); recipe 64")
+    _number(c4, "Window", "attention.window_size", step=16, help="window / tile length; recipe 64")
     c1, c2 = st.columns([3, 1])
-    c2.number_input("Sink tokens", key=P + "sink_tokens", min_value=0, step=1,
-                    help="the first tokens stay in every query's softmax window, never linear (attention sinks); "
-                         "the paper uses 0")
-    c1.text_input("Layers kept as softmax", key=P + "softmax_layers", placeholder="e.g. 0, 15, or auto",
-                  help="comma-separated layer indices that keep their original attention (hybrid model), or "
-                       f"{forms.AUTO}: after stage 1 every converted layer is scored and the highest-scoring "
-                       "ones get their softmax attention back")
-    if forms.is_auto(st.session_state.get(P + "softmax_layers")):
+    _number(c2, "Sink tokens", "attention.sink_tokens", min_value=0, step=1,
+            help="the first tokens stay in every query's softmax window, never linear (attention sinks); "
+                 "the paper uses 0")
+    layers = c1.text_input(
+        "Layers kept as softmax", value=_value("attention.softmax_layers"), key=_key("attention.softmax_layers"),
+        placeholder="e.g. 0, 15, or auto",
+        help="comma-separated layer indices that keep their original attention (hybrid model), or "
+             f"{forms.AUTO}: after stage 1 every converted layer is scored and the highest-scoring ones get "
+             "their softmax attention back")
+    if forms.is_auto(layers):
         c1, c2 = st.columns(2)
-        c1.number_input("Layers to keep softmax", key=P + "softmax_budget", min_value=0, step=1,
-                        help=f"how many of the highest-scoring layers stay softmax (default {forms.DEFAULT_BUDGET})")
-        c2.selectbox("Score", SOFTMAX_SCORES, key=P + "softmax_score",
-                     help="; ".join(f"{name}: {text}" for name, text in forms.SCORE_HELP.items()))
+        _number(c1, "Layers to keep softmax", "attention.softmax_budget", min_value=0, step=1,
+                help=f"how many of the highest-scoring layers stay softmax (default {forms.DEFAULT_BUDGET})")
+        _select(c2, "Score", field_choices(AttentionSpec, "softmax_score"), "attention.softmax_score",
+                help="; ".join(f"{name}: {text}" for name, text in forms.SCORE_HELP.items()))
     _problems_for("attention", problems)
     _problems_for("config", problems)  # checks across sections (window vs sequence length)
 
@@ -200,12 +246,11 @@ def main() -> None:
     _init_state()
     # Widget values are in session state before the page runs, so the check comes first and the
     # form can show each problem under its section.
-    values = {k.removeprefix(P): v for k, v in st.session_state.items() if isinstance(k, str) and k.startswith(P)}
+    values = {**st.session_state[_FORM], "preset": st.session_state[P + "preset"]}
     config, problems = _check(values)
     left, right = st.columns([3, 2], gap="large")
     with left:
         _form(problems)
-    _save_state()
     with right:
         _panel(config, problems)
 

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, common, forms
+from core.pipeline.budget_table import score_name
 from jobs import api
 from jobs.records import JobInfo, MetricPoint
 
@@ -124,7 +125,7 @@ def _final_view(label: str, conversion, result: dict | None, log_y: bool) -> boo
     left.caption(f"Highest final MSE: layer {worst} ({common.fmt_number(mse[worst])}). Layers kept as softmax "
                  "have no value.")
     if right is not None:
-        _scores_view(right, scores, kept, str(result.get("layer_score", "")), log_y)
+        _scores_view(right, scores, kept, str(score_name(result) or ""), log_y)
     return True
 
 

@@ -8,10 +8,12 @@ student and :func:`attention_fields` turns a student's back into plain fields.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from core.config import BUNDLED_MODEL, AttentionSpec, ConfigError, build_spec
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from core.config import (BUNDLED_MODEL, DTYPES, AttentionSpec, ConfigError, build_spec,
+                         validation_problems)
 
 MODELS = ("teacher", "student", "floor")  # floor: the teacher with attention costing nothing
 SWEEPS = ("axes", "grid")
@@ -35,8 +37,13 @@ def parse_size(text: str | int) -> int:
     return size
 
 
-@dataclass
-class BenchConfig:
+def _one_of(valid: tuple[str, ...], what: str, value: Any) -> Any:
+    if value not in valid:
+        raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(valid)}")
+    return value
+
+
+class BenchConfig(BaseModel):
     """What to benchmark and over which points.
 
     ``sweep="axes"`` varies one factor at a time around the base point: every ``batch_sizes``
@@ -50,74 +57,91 @@ class BenchConfig:
     budget and the decode throughput there (:mod:`core.bench.capacity`).
     """
 
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
     model: str = BUNDLED_MODEL  # any source core.models.load_model accepts
-    dtype: str = "float32"
+    dtype: Literal[DTYPES] = "float32"
     device: str = "auto"
     workspace: str | None = None
     student_checkpoint: str | None = None  # a converted checkpoint to benchmark instead of a fresh conversion
-    linearize: dict[str, Any] = field(default_factory=dict)  # attention config fields of the fresh conversion
-    models: list[str] = field(default_factory=lambda: list(MODELS))
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    prompt_lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
-    gen_lengths: list[int] = field(default_factory=lambda: [8])
-    sweep: str = "axes"
+    linearize: dict[str, Any] = {}  # attention config fields of the fresh conversion
+    models: list[Literal[MODELS]] = list(MODELS)  # stored in MODELS' order
+    batch_sizes: list[int] = [1, 2, 4, 8]
+    prompt_lengths: list[int] = [512, 1024, 2048, 4096]
+    gen_lengths: list[int] = [8]
+    sweep: Literal[SWEEPS] = "axes"
     base_batch_size: int | None = None
     base_prompt_length: int | None = None
     base_gen_length: int | None = None
-    extra_points: list[list[int]] = field(default_factory=list)
-    repeats: int = 1  # every point is measured this many times per model; medians are reported
-    threads: int | None = None  # torch intra-op threads during the sweep; None keeps torch's setting
+    extra_points: list[list[int]] = []  # [batch_size, prompt_length, gen_length] each
+    repeats: int = Field(1, ge=1)  # every point is measured this many times per model; medians are reported
+    threads: int | None = Field(None, ge=1)  # torch intra-op threads during the sweep; None keeps torch's setting
     warmup: bool = True  # every point runs once untimed (prefill + one decode step) before it is timed
     seed: int = 0
-    prefill_chunk: int | None = 1024  # the student prefills in chunks of this many tokens (None: at once)
+    prefill_chunk: int | None = Field(1024, ge=1)  # the student prefills in chunks of this many tokens (None: at once)
     memory_budget: str | None = None  # a size such as "12GiB": a capacity run (see above)
-    capacity_steps: int = 3  # timed decode steps per capacity trial
-    max_batch: int = 65536  # the doubling stops here
+    capacity_steps: int = Field(3, ge=1)  # timed decode steps per capacity trial
+    max_batch: int = Field(65536, ge=1)  # the doubling stops here
 
-    def __post_init__(self):
-        for name in ("batch_sizes", "prompt_lengths", "gen_lengths"):
-            values = [int(v) for v in getattr(self, name)]
-            if not values:
-                raise ConfigError(f"{name} must list at least one value")
-            setattr(self, name, values)
-        for name in ("batch_sizes", "prompt_lengths"):
-            bad = [v for v in getattr(self, name) if v < 1]
-            if bad:
-                raise ConfigError(f"{name} must be >= 1, got {bad}")
-        bad = [g for g in self.gen_lengths if g < 2]
+    @field_validator("batch_sizes", "prompt_lengths", "gen_lengths")
+    @classmethod
+    def _point_values(cls, values: list[int], info) -> list[int]:
+        name, least = info.field_name, 2 if info.field_name == "gen_lengths" else 1
+        if not values:
+            raise ValueError(f"{name} must list at least one value")
+        bad = [v for v in values if v < least]
+        if bad and least == 2:
+            raise ValueError(f"gen_lengths must be >= 2 (the first token comes from the prefill, decode is timed "
+                             f"from the second on), got {bad}")
         if bad:
-            raise ConfigError(
-                f"gen_lengths must be >= 2 (the first token comes from the prefill, decode is timed from the "
-                f"second on), got {bad}"
-            )
-        self.extra_points = [[int(x) for x in p] for p in self.extra_points]
-        for p in self.extra_points:
+            raise ValueError(f"{name} must be >= 1, got {bad}")
+        return values
+
+    @field_validator("extra_points")
+    @classmethod
+    def _triples(cls, points: list[list[int]]) -> list[list[int]]:
+        for p in points:
             if len(p) != 3 or p[0] < 1 or p[1] < 1 or p[2] < 2:
-                raise ConfigError(f"extra_points entries must be [batch_size >= 1, prompt_length >= 1, gen_length >= 2], got {p}")
-        if self.sweep not in SWEEPS:
-            raise ConfigError(f"unknown sweep {self.sweep!r}; valid: {', '.join(SWEEPS)}")
-        unknown = [m for m in self.models if m not in MODELS]
-        if unknown or not self.models:
-            raise ConfigError(f"models must be a non-empty subset of {', '.join(MODELS)}, got {self.models}")
-        self.models = [m for m in MODELS if m in self.models]
-        if int(self.repeats) < 1:
-            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
-        self.repeats = int(self.repeats)
-        if self.threads is not None:
-            if int(self.threads) < 1:
-                raise ConfigError(f"threads must be >= 1 (or None for torch's default), got {self.threads}")
-            self.threads = int(self.threads)
-        if self.memory_budget is not None:
-            parse_size(self.memory_budget)
-            self.memory_budget = str(self.memory_budget)
-        if self.prefill_chunk is not None:
-            if int(self.prefill_chunk) < 1:
-                raise ConfigError(f"prefill_chunk must be >= 1 (or None for the whole prompt), got {self.prefill_chunk}")
-            self.prefill_chunk = int(self.prefill_chunk)
-        if int(self.capacity_steps) < 1 or int(self.max_batch) < 1:
-            raise ConfigError(f"capacity_steps and max_batch must be >= 1, got {self.capacity_steps}, {self.max_batch}")
-        self.capacity_steps, self.max_batch = int(self.capacity_steps), int(self.max_batch)
-        self.linearize_config()  # validates the fields
+                raise ValueError(f"extra_points entries must be [batch_size >= 1, prompt_length >= 1, "
+                                 f"gen_length >= 2], got {p}")
+        return points
+
+    @field_validator("sweep", mode="before")
+    @classmethod
+    def _known_sweep(cls, value: Any) -> Any:
+        return _one_of(SWEEPS, "sweep", value)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _known_models(cls, models: Any) -> Any:
+        if not isinstance(models, (list, tuple)) or not models or any(m not in MODELS for m in models):
+            raise ValueError(f"models must be a non-empty subset of {', '.join(MODELS)}, got {models}")
+        return [m for m in MODELS if m in models]
+
+    @field_validator("memory_budget", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        if value is not None:
+            parse_size(value)
+            return str(value)
+        return value
+
+    @field_validator("linearize")
+    @classmethod
+    def _attention_fields(cls, fields: dict[str, Any]) -> dict[str, Any]:
+        try:
+            AttentionSpec.model_validate({"feature_init": "random", **fields})
+        except ValidationError as e:
+            raise ValueError("; ".join(f"{where}: {msg}" for where, msg in validation_problems(e))) from None
+        return fields
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BenchConfig:
+        """A config a result stored (its ``config``), or :class:`ConfigError` naming every bad field."""
+        unknown = set(data) - set(cls.model_fields)
+        if unknown:
+            raise ConfigError(f"unknown BenchConfig fields: {', '.join(sorted(unknown))}")
+        return build_spec(cls, data)
 
     def linearize_config(self) -> AttentionSpec:
         """The conversion used for a fresh student: random feature maps unless told otherwise."""
@@ -138,16 +162,6 @@ class BenchConfig:
             pts += [(b0, l0, g) for g in self.gen_lengths]
         pts += [tuple(p) for p in self.extra_points]
         return list(dict.fromkeys(pts))
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> BenchConfig:
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(f"unknown BenchConfig fields: {', '.join(sorted(unknown))}")
-        return cls(**data)
 
 
 def attention_fields(attention: AttentionSpec) -> dict[str, Any]:

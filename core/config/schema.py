@@ -10,11 +10,13 @@ takes an :class:`AttentionSpec`, the trainers their stage spec, the data loaders
 from __future__ import annotations
 
 import math
-from typing import Literal, TypeVar
+from types import UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from core.config.constants import BUNDLED_MODEL, DTYPES, FEATURE_INITS, FEATURE_MAPS, KINDS, SOFTMAX_SCORES
+from core.config.constants import (BUNDLED_MODEL, DATA_FORMATS, DEVICES, DTYPES, FEATURE_INITS, FEATURE_MAPS, KINDS,
+                                   SOFTMAX_SCORES)
 
 
 class ConfigError(ValueError):
@@ -34,13 +36,13 @@ def _finite_positive(name: str, value: float) -> float:
 class ModelSpec(_Spec):
     source: str = BUNDLED_MODEL  # bundled default, a hub id, a local folder or a .gguf file
     dtype: Literal[DTYPES] = "float32"
-    device: str = "auto"  # auto = CUDA when present, else CPU
+    device: Literal[DEVICES] | str = "auto"  # auto = CUDA when present, else CPU; any torch device name ("cuda:1") too
     trust_remote_code: bool = False  # never implied: models that need it are refused otherwise
 
 
 class DataSpec(_Spec):
     source: str = "gsm8k"  # bundled GSM8K pairs, a hub dataset id, or a local json/jsonl/parquet/text file
-    format: Literal["instruction", "text"] = "instruction"
+    format: Literal[DATA_FORMATS] = "instruction"
     instruction_field: str | None = None  # field mapping for instruction data (defaults: Alpaca names)
     input_field: str | None = None
     output_field: str | None = None
@@ -56,18 +58,26 @@ class DataSpec(_Spec):
         return {field: role for role, field in named if field}
 
 
-_NAMED_CHOICES = {  # field -> (valid names, what the message calls it, how it lists them)
-    "kind": (KINDS, "attention kind", "valid kinds"),
-    "feature_map": (FEATURE_MAPS, "feature map", "valid feature maps"),
-    "feature_init": (FEATURE_INITS, "feature_init", "valid"),
+def field_choices(spec: type[BaseModel], name: str) -> tuple[Any, ...]:
+    """The values the ``Literal`` annotation of field ``name`` names (a union's ``Literal`` members
+    included), for forms and help texts: ``field_choices(ModelSpec, "dtype")``."""
+    annotation = spec.model_fields[name].annotation
+    members = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    return tuple(v for member in members if get_origin(member) is Literal for v in get_args(member))
+
+
+_NAMED_CHOICES = {  # field -> (what the message calls it, how it lists them); the names are the field's Literal
+    "kind": ("attention kind", "valid kinds"),
+    "feature_map": ("feature map", "valid feature maps"),
+    "feature_init": ("feature_init", "valid"),
 }
 
 
 class AttentionSpec(_Spec):
     """How :func:`core.attention.surgery.linearize` converts each decoder layer's attention."""
 
-    kind: str = "terraced"  # linear | sliding_window | terraced (the recipe's "tk" window)
-    feature_map: str = "hedgehog"  # hedgehog | t2r
+    kind: Literal[KINDS] = "terraced"  # linear | sliding_window | terraced (the recipe's "tk" window)
+    feature_map: Literal[FEATURE_MAPS] = "hedgehog"  # hedgehog | t2r
     feature_dim: int = 64  # hedgehog: f (F = 2f); t2r: F
     window_size: int = 64  # sliding window length / terraced tile length
     # the first sink_tokens keys of a sequence stay softmax for every later query, never linear (0: the paper's)
@@ -88,12 +98,14 @@ class AttentionSpec(_Spec):
     # what the feature maps read: "rotary", q and k after RoPE (the paper's), or "none", before it, so the
     # linear history does not depend on absolute positions (RoPE phases past the training length are unseen)
     feature_positions: Literal["rotary", "none"] = "none"
-    feature_init: str = "identity"  # identity | random
+    feature_init: Literal[FEATURE_INITS] = "identity"  # identity | random
 
-    @field_validator(*_NAMED_CHOICES)
+    @field_validator(*_NAMED_CHOICES, mode="before")
     @classmethod
-    def _known_name(cls, value: str, info) -> str:
-        valid, what, listed = _NAMED_CHOICES[info.field_name]
+    def _known_name(cls, value: Any, info) -> Any:
+        """One line naming the valid values (pydantic's Literal message would list them quoted)."""
+        what, listed = _NAMED_CHOICES[info.field_name]
+        valid = field_choices(cls, info.field_name)
         if value not in valid:
             raise ValueError(f"unknown {what} {value!r}; {listed}: {', '.join(valid)}")
         return value

@@ -16,7 +16,13 @@ def markdown_table(result: dict) -> str:
                      f"{r['ppl_ratio']:.3f} | {_fmt(r['decode_ms_per_step'])} | {_mib(r['cache_bytes'])} |")
     lines.append(f"| teacher | all | {result['teacher_ppl']:.3f} | 1.000 | {_fmt(teacher['decode_ms_per_step'])} | "
                  f"{_mib(teacher['cache_bytes'])} |")
-    return "\n".join(lines) + f"\n\nLayers ranked by `{result['score']}` after one attention transfer.\n"
+    return "\n".join(lines) + f"\n\nLayers ranked by `{score_name(result)}` after one attention transfer.\n"
+
+
+def score_name(result: dict) -> str | None:
+    """How the layers were ranked (``attention.softmax_score``); results and reports written before the
+    name was shared call it ``score`` (budgets.json) or ``layer_score`` (report.json)."""
+    return result.get("softmax_score", result.get("score", result.get("layer_score")))
 
 
 def tradeoff_figure(result: dict):
@@ -48,4 +54,4 @@ def _mib(x: int | None) -> str:
     return "n/a" if x is None else f"{x / 2**20:.1f}"
 
 
-__all__ = ["markdown_table", "tradeoff_figure"]
+__all__ = ["markdown_table", "score_name", "tradeoff_figure"]

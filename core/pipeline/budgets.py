@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from core.attention.surgery import linearize, set_mode
+from core.attention.surgery import linearize
 from core.bench.capacity import measure_batch
 from core.bench.memory import peak_tracker, weight_bytes
 from core.config import ConvertConfig
@@ -68,7 +68,6 @@ def decode_cost(teacher: nn.Module, base: ConvertConfig, softmax_layers: list[in
         model = copy.deepcopy(teacher)
         spec = base.attention.model_copy(update={"softmax_layers": softmax_layers, "softmax_budget": None})
         linearize(model, spec)
-        set_mode(model, "student")
     device = next(model.parameters()).device
     tracker = peak_tracker(device)
     try:
@@ -111,8 +110,9 @@ def run_budget_sweep(config: BudgetSweepConfig, output: str | Path, progress: Pr
                                    config.decode_steps),
                      "run": f"budget-{k}"})
     choice = saved_choice(first)
-    result = {"score": choice["score"], "layer_scores": choice["layer_scores"], "context": config.context,
-              "teacher_ppl": reports[config.budgets[0]]["teacher_ppl"], "teacher": reference, "rows": rows,
+    result = {"softmax_score": choice["softmax_score"], "layer_scores": choice["layer_scores"],
+              "context": config.context, "teacher_ppl": reports[config.budgets[0]]["teacher_ppl"],
+              "teacher": reference, "rows": rows,
               "config": config.model_dump()}
     atomic_write_json(output / RESULT_FILE, result)
     (output / "budgets.md").write_text(markdown_table(result))

@@ -11,7 +11,8 @@ Run folder layout (all under ``output``)::
     report.json       teacher_ppl, student_ppl, ppl_ratio, per_layer_mse, passkey, samples, timings,
                       softmax_layers (every layer left softmax), ``long_context`` (quality by context
                       length against the sliding-window baselines, core.eval.long_context),
-                      ``layer_score`` and ``layer_scores``
+                      ``softmax_score`` (``layer_score`` before it was named as the config
+                      names it) and ``layer_scores``
                       with ``softmax_layers: auto``, and ``tasks`` (the task-accuracy result of
                       core.eval.harness) when ``eval.tasks`` is set
     tasks/<task>.json  a finished task's teacher/student entries (a resumed run skips it)
@@ -41,7 +42,7 @@ from core.io import atomic_write_json
 from core.pipeline.prelude import save_stage_summary, stage_finished, stage_summary, start_run
 from core.pipeline.softmax_choice import check_budget, choose_softmax_layers
 from core.progress import NullProgress, ProgressCallback
-from core.run_folder import REPORT_FILE, STUDENT_EVAL, STUDENT_VAL, TEACHER_EVAL
+from core.run_folder import REPORT_FILE, STUDENT_EVAL, STUDENT_VAL, TEACHER_EVAL, check_intact
 from core.train.distill_attention import train_stage1
 from core.train.finetune_lora import train_stage2, wrap_for_stage2
 from core.train.lora import base_model
@@ -116,7 +117,8 @@ def run_convert(
     report.update({"softmax_layers": softmax_layer_indices(base_model(model)), "timings": timings, "training": result,
                    "data": run.data_info, "config": dumped})
     if choice is not None:
-        report.update({"layer_score": choice["score"], "layer_scores": choice["layer_scores"]})
+        report.update({"softmax_score": choice["softmax_score"], "layer_scores": choice["layer_scores"]})
+    check_intact(output)  # a run folder deleted meanwhile is not recreated holding only the report
     atomic_write_json(output / REPORT_FILE, report)
     progress.on_log(f"student perplexity {report['student_ppl']:.3f} (teacher {teacher_ppl:.3f}); report in {output}")
     return report
@@ -129,29 +131,38 @@ def _train_or_load(model: nn.Module, output: Path, stage: str, steps: int, train
         load_best(model, output, stage)
         return stage_summary(output, stage)
     summary = train()
+    check_intact(output)
     save_stage_summary(output, stage, summary)
     return summary
 
 
-def evaluate_run(model, tokenizer, config: ConvertConfig, eval_blocks, val, teacher_ppl, progress) -> dict:
+def evaluate_run(model, tokenizer, config: ConvertConfig, eval_blocks, val, teacher_ppl: float | None, progress, *,
+                 train_seq_len: int | None = None, with_passkey: bool = True, with_long_context: bool = True,
+                 with_samples: bool = True) -> dict:
+    """The evaluation step of a run: the figures of ``report.json``, and what ``lolcats eval``
+    measures again on a run folder or an export.
+
+    Student perplexity on ``eval_blocks`` and its ratio to ``teacher_ppl`` (measured by the caller;
+    None: no teacher, no ratio), ``val_ppl`` on the validation blocks ``val`` (None: not measured),
+    per-layer attention MSE on the first ``eval.mse_blocks`` blocks, passkey retrieval of student
+    and teacher (``with_passkey=False``: None), answers to ``eval.samples`` prompts of ``data``
+    (``with_samples=False``: no ``samples`` entry) and, when ``eval.long_context`` is enabled and
+    ``with_long_context`` is True, the ``long_context`` section; ``train_seq_len`` (default
+    ``data.seq_len``) is the training block length its ``auto`` lengths are relative to."""
     e = config.eval
     student_ppl = perplexity(model, eval_blocks, progress=progress, stage=STUDENT_EVAL)
-    val_ppl = perplexity(model, val, e.ppl_blocks, progress=progress, stage=STUDENT_VAL)
-    mse = per_layer_mse(model, eval_blocks, e.mse_blocks)
-    key = passkey_report(model, tokenizer, e, config.seed)
-    prompts = _sample_prompts(config, e.samples)
-    report = {
-        "teacher_ppl": teacher_ppl,
-        "student_ppl": student_ppl,
-        "ppl_ratio": student_ppl / teacher_ppl,
-        "val_ppl": val_ppl,
-        "per_layer_mse": mse,
-        "passkey": key,
-        "samples": samples(model, tokenizer, prompts, e.max_new_tokens),
-    }
-    if e.long_context.enabled:
-        report["long_context"] = long_context_report(model, tokenizer, e.long_context, config.data.seq_len,
-                                                     config.data.eval_text, config.seed, progress)
+    report = {"teacher_ppl": teacher_ppl, "student_ppl": student_ppl,
+              "ppl_ratio": None if teacher_ppl is None else student_ppl / teacher_ppl}
+    if val is not None:
+        report["val_ppl"] = perplexity(model, val, e.ppl_blocks, progress=progress, stage=STUDENT_VAL)
+    report["per_layer_mse"] = per_layer_mse(model, eval_blocks, e.mse_blocks)
+    report["passkey"] = passkey_report(model, tokenizer, e, config.seed) if with_passkey else None
+    if with_samples:
+        report["samples"] = samples(model, tokenizer, _sample_prompts(config, e.samples), e.max_new_tokens)
+    if e.long_context.enabled and with_long_context:
+        report["long_context"] = long_context_report(model, tokenizer, e.long_context,
+                                                     train_seq_len or config.data.seq_len, config.data.eval_text,
+                                                     config.seed, progress)
     return report
 
 

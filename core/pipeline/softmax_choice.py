@@ -6,10 +6,11 @@ validation blocks (:mod:`core.eval.layer_scores`, ``attention.softmax_score``), 
 (:func:`core.attention.surgery.restore_softmax`) and stage 2 trains the hybrid that results. The
 choice is kept in ``<run>/softmax_choice.json``::
 
-    {"score": "kl", "budget": 2, "softmax_layers": [3, 27], "layer_scores": [s_0, ..., s_{N-1}]}
+    {"softmax_score": "kl", "budget": 2, "softmax_layers": [3, 27], "layer_scores": [s_0, ..., s_{N-1}]}
 
 (``layer_scores`` has null for a layer that was never converted), so a resumed run and every
-later load of the run (chat, eval, export) restore the same layers without scoring again.
+later load of the run (chat, eval, export) restore the same layers without scoring again. The
+score method is named ``softmax_score`` as in the config (older choice files call it ``score``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ CHOICE_FILE = "softmax_choice.json"
 def saved_choice(output: str | Path) -> dict | None:
     """The choice a run folder keeps, or None when it has none."""
     path = Path(output) / CHOICE_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    choice = json.loads(path.read_text())
+    if "score" in choice:  # written before the score method was named as the config names it
+        choice["softmax_score"] = choice.pop("score")
+    return choice
 
 
 def check_budget(model: nn.Module, spec: AttentionSpec) -> None:
@@ -57,11 +63,11 @@ def choose_softmax_layers(model: nn.Module, config: ConvertConfig, blocks, outpu
         scores = layer_scores(model, blocks, config.eval.mse_blocks, spec.softmax_score)
         chosen = worst_layers(scores, spec.softmax_budget)
         n_layers = len(decoder_layers(model))
-        choice = {"score": spec.softmax_score, "budget": spec.softmax_budget, "softmax_layers": chosen,
+        choice = {"softmax_score": spec.softmax_score, "budget": spec.softmax_budget, "softmax_layers": chosen,
                   "layer_scores": [scores.get(i) for i in range(n_layers)]}
         atomic_write_json(Path(output) / CHOICE_FILE, choice)
     restore_softmax(model, choice["softmax_layers"])
-    progress.on_log(f"layers kept softmax (by {choice['score']}): {choice['softmax_layers'] or 'none'}")
+    progress.on_log(f"layers kept softmax (by {choice['softmax_score']}): {choice['softmax_layers'] or 'none'}")
     return choice
 
 

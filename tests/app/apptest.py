@@ -62,8 +62,10 @@ def plotly_figures(at: AppTest) -> list[dict]:
 
 
 def widget(at: AppTest, kind: str, key: str):
+    """The ``kind`` widget keyed ``key``, or ``key~<n>`` (the Launch form keys a field's widget by
+    the field and the form's filling)."""
     for w in getattr(at, kind):
-        if w.key == key:
+        if w.key == key or (w.key or "").startswith(key + "~"):
             return w
     raise AssertionError(f"no {kind} with key {key!r}; keys: {[w.key for w in getattr(at, kind)]}")
 

@@ -160,6 +160,8 @@ def test_launch_watch_inspect_and_chat(page, running_app, workspace):
 def _export_and_reuse(page, workspace, job_id: int) -> None:
     """Jobs: export the finished conversion from the page (an export job the app's worker runs), then
     start a new conversion from its config; the Launch page refuses a data file that does not exist."""
+    from playwright.sync_api import expect
+
     _goto(page, "Jobs")
     page.get_by_role("button", name="Export").click()
     export = None
@@ -173,14 +175,18 @@ def _export_and_reuse(page, workspace, job_id: int) -> None:
     page.get_by_role("button", name="New conversion from this job").click()
     page.get_by_role("heading", name="Launch a conversion").wait_for()
     page.get_by_text(f"job #{job_id}").first.wait_for()  # "Based on job #1 ...": the form holds its config
-    _idle(page)
-    page.get_by_text("Local json / jsonl / parquet / txt file").click()
-    _idle(page)
+    _idle(page, 120_000)
+    page.get_by_test_id("stRadio").filter(has_text="Training data").get_by_text(
+        "Local json / jsonl / parquet / txt file").click()
     path = page.get_by_label("File path")
+    path.wait_for(timeout=120_000)
     path.fill("/no/such/rows.jsonl")
     path.press("Enter")
     page.get_by_text(re.compile(r"'/no/such/rows\.jsonl' does not exist")).first.wait_for()
-    assert page.get_by_role("button", name="Launch conversion").is_disabled()
+    expect(page.get_by_role("button", name="Launch conversion")).to_be_disabled()
+    # the form still holds the job's config (a spurious preset change would have refilled it)
+    teacher = page.get_by_test_id("stRadio").filter(has_text="Teacher model")
+    expect(teacher.get_by_role("radio", name="Tiny random Llama")).to_be_checked()
     _shot(page, "6-relaunch-refused-data")
 
 

@@ -42,9 +42,10 @@ def _problems(**changes):
 
 
 def test_form_edits_reach_the_config():
-    config, problems = forms.build("tiny-test", _values(attention_kind="sliding_window", window_size=8,
-                                                        softmax_layers="1", stage1_lr="3e-3", stage2_enabled=False,
-                                                        model_choice="hub", model_path="org/model", sink_tokens=4))
+    config, problems = forms.build("tiny-test", _values(**{
+        "attention.kind": "sliding_window", "attention.window_size": 8, "attention.softmax_layers": "1",
+        "stage1.lr": "3e-3", "stage2.enabled": False, "model_choice": "hub", "model_path": "org/model",
+        "attention.sink_tokens": 4}))
     assert problems == []
     assert config["attention"]["kind"] == "sliding_window" and config["attention"]["window_size"] == 8
     assert config["attention"]["sink_tokens"] == 4
@@ -56,23 +57,23 @@ def test_form_edits_reach_the_config():
 
 
 @pytest.mark.parametrize("changes, field, words", [
-    ({"window_size": 0}, "attention.window_size", "window_size must be an integer >= 1, got 0"),
-    ({"feature_dim": -2}, "attention.feature_dim", "feature_dim"),
-    ({"softmax_layers": "0, 0"}, "attention.softmax_layers", "more than once"),
-    ({"softmax_layers": "zero"}, "attention.softmax_layers", "layer numbers"),
-    ({"softmax_layers": "x"}, "attention.softmax_layers", "must be auto alone, or layer numbers"),
-    ({"softmax_layers": "auto, 3"}, "attention.softmax_layers", "must be auto alone, or layer numbers"),
-    ({"softmax_layers": "auto", "softmax_budget": 2}, "attention.softmax_budget", "would keep every layer"),
-    ({"stage1_lr": "0"}, "stage1.lr", "stage1.lr must be a finite number > 0, got 0.0"),
-    ({"stage2_lr": "fast"}, "stage2.lr", "must be a number"),
-    ({"stage1_steps": 0}, "stage1.steps", "greater than or equal to 1"),
-    ({"stage2_rank": 0}, "stage2.rank", "greater than or equal to 1"),
-    ({"seq_len": 8}, "config", "data.seq_len (8) is smaller than attention.window_size (16)"),
-    ({"attention_kind": "linear", "sink_tokens": 2}, "attention", "sink_tokens need a softmax part"),
+    ({"attention.window_size": 0}, "attention.window_size", "window_size must be an integer >= 1, got 0"),
+    ({"attention.feature_dim": -2}, "attention.feature_dim", "feature_dim"),
+    ({"attention.softmax_layers": "0, 0"}, "attention.softmax_layers", "more than once"),
+    ({"attention.softmax_layers": "zero"}, "attention.softmax_layers", "layer numbers"),
+    ({"attention.softmax_layers": "x"}, "attention.softmax_layers", "must be auto alone, or layer numbers"),
+    ({"attention.softmax_layers": "auto, 3"}, "attention.softmax_layers", "must be auto alone, or layer numbers"),
+    ({"attention.softmax_layers": "auto", "attention.softmax_budget": 2}, "attention.softmax_budget", "would keep every layer"),
+    ({"stage1.lr": "0"}, "stage1.lr", "stage1.lr must be a finite number > 0, got 0.0"),
+    ({"stage2.lr": "fast"}, "stage2.lr", "must be a number"),
+    ({"stage1.steps": 0}, "stage1.steps", "greater than or equal to 1"),
+    ({"stage2.rank": 0}, "stage2.rank", "greater than or equal to 1"),
+    ({"data.seq_len": 8}, "config", "data.seq_len (8) is smaller than attention.window_size (16)"),
+    ({"attention.kind": "linear", "attention.sink_tokens": 2}, "attention", "sink_tokens need a softmax part"),
     ({"model_choice": "hub", "model_path": " "}, "model.source", "hub id"),
     ({"data_choice": "local", "data_path": ""}, "data.source", "file path"),
     ({"data_choice": "local", "data_path": "/no/such/rows.jsonl"}, "data.source", "'/no/such/rows.jsonl' does not exist"),
-    ({"data_choice": "local", "data_path": "README.md", "data_format": "instruction"}, "data.source",
+    ({"data_choice": "local", "data_path": "README.md", "data.format": "instruction"}, "data.source",
      "instruction data needs field(s) 'instruction', 'output'; fields present: text"),
 ])
 def test_form_problems_name_the_field(changes, field, words):
@@ -81,20 +82,24 @@ def test_form_problems_name_the_field(changes, field, words):
 
 
 def test_auto_softmax_layers_round_trip():
-    config, problems = forms.build("tiny-test", _values(softmax_layers=" Auto ", softmax_budget=1, softmax_score="mse"))
+    config, problems = forms.build("tiny-test", _values(**{"attention.softmax_layers": " Auto ",
+                                                           "attention.softmax_budget": 1,
+                                                           "attention.softmax_score": "mse"}))
     assert problems == []
     attention = config["attention"]
     assert (attention["softmax_layers"], attention["softmax_budget"], attention["softmax_score"]) == ("auto", 1, "mse")
     assert build_config(config).model_dump() == config
     values = forms.form_values(config)
-    assert (values["softmax_layers"], values["softmax_budget"], values["softmax_score"]) == ("auto", 1, "mse")
+    assert (values["attention.softmax_layers"], values["attention.softmax_budget"],
+            values["attention.softmax_score"]) == ("auto", 1, "mse")
     assert forms.build("tiny-test", {"preset": "tiny-test", **values}) == (config, [])
     assert forms.validate(config) == (build_config(config), [])
 
 
 def test_layer_list_after_auto_drops_the_budget():
-    auto, _ = forms.build("tiny-test", _values(softmax_layers="auto", softmax_budget=1))
-    listed, problems = forms.build("tiny-test", {"preset": "tiny-test", **forms.form_values(auto), "softmax_layers": "1"})
+    auto, _ = forms.build("tiny-test", _values(**{"attention.softmax_layers": "auto", "attention.softmax_budget": 1}))
+    listed, problems = forms.build("tiny-test", {"preset": "tiny-test", **forms.form_values(auto),
+                                                 "attention.softmax_layers": "1"})
     assert problems == []
     assert (listed["attention"]["softmax_layers"], listed["attention"]["softmax_budget"]) == ([1], None)
     assert build_config(listed).attention.softmax_layers == [1]
@@ -102,7 +107,8 @@ def test_layer_list_after_auto_drops_the_budget():
 
 def test_form_shows_the_default_budget_of_a_config_without_one():
     values = forms.form_values(forms.preset_config("tiny-test"))
-    assert (values["softmax_layers"], values["softmax_budget"], values["softmax_score"]) == ("", 2, "kl")
+    assert (values["attention.softmax_layers"], values["attention.softmax_budget"],
+            values["attention.softmax_score"]) == ("", 2, "kl")
 
 
 def test_launch_form_validates_and_queues_without_importing_torch(tmp_path):
@@ -111,7 +117,7 @@ import sys
 from app import forms
 from jobs import api
 values = {"preset": "tiny-test", **forms.form_values(forms.preset_config("tiny-test"))}
-config, problems = forms.build("tiny-test", {**values, "window_size": 0})
+config, problems = forms.build("tiny-test", {**values, "attention.window_size": 0})
 assert forms.validate(config)[0] is None and not problems
 config, problems = forms.build("tiny-test", values)
 validated, problems = forms.validate(config)

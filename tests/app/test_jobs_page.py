@@ -220,9 +220,9 @@ def test_a_conversion_opens_in_the_launch_form(fresh_ws, status, label):
     button(at, f"relaunch_{job}").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert "Launch a conversion" in texts(at) and f"Based on job #{job} old" in texts(at).replace("**", "")
-    assert widget(at, "number_input", "launch_window_size").value == 8
+    assert widget(at, "number_input", "launch_attention.window_size").value == 8
     at.switch_page("views/launch.py").run()  # AppTest follows st.switch_page for one run only
-    assert widget(at, "number_input", "launch_window_size").value == 8
+    assert widget(at, "number_input", "launch_attention.window_size").value == 8
     button(at, "launch_submit").click().run()
     queued = max(api.list_jobs(workspace=fresh_ws), key=lambda j: j.id)
     assert queued.id != job and queued.config == config

@@ -13,8 +13,12 @@ from jobs.db import open_db
 from tests.app.apptest import button, open_page, texts, widget
 
 
+def _preset_box(at):
+    return next(box for box in at.selectbox if box.label == "Preset")
+
+
 def _select_preset(at, name):
-    widget(at, "selectbox", "launch_preset").set_value(name).run()
+    _preset_box(at).set_value(name).run()
     assert not at.exception
 
 
@@ -23,24 +27,24 @@ def test_preset_fills_the_form_and_the_config_is_valid(fresh_ws):
     assert "Launch a conversion" in texts(at)
     _select_preset(at, "tiny-test")
     assert widget(at, "radio", "launch_model_choice").value == "tiny"
-    assert widget(at, "number_input", "launch_feature_dim").value == 8
-    assert widget(at, "number_input", "launch_window_size").value == 16
-    assert widget(at, "number_input", "launch_sink_tokens").value == 0
-    assert widget(at, "number_input", "launch_stage1_steps").value == 4
+    assert widget(at, "number_input", "launch_attention.feature_dim").value == 8
+    assert widget(at, "number_input", "launch_attention.window_size").value == 16
+    assert widget(at, "number_input", "launch_attention.sink_tokens").value == 0
+    assert widget(at, "number_input", "launch_stage1.steps").value == 4
     assert "The config is valid." in texts(at)
     assert not button(at, "launch_submit").disabled
     _select_preset(at, "paper-8b")
     assert widget(at, "radio", "launch_model_choice").value == "hub"
     assert widget(at, "text_input", "launch_model_path").value == "meta-llama/Meta-Llama-3-8B"
-    assert widget(at, "selectbox", "launch_dtype").value == "bfloat16"
+    assert widget(at, "selectbox", "launch_model.dtype").value == "bfloat16"
 
 
 @pytest.mark.parametrize("kind, key, value, message", [
-    ("number_input", "launch_window_size", 0, "window_size must be an integer >= 1, got 0"),
-    ("text_input", "launch_stage1_lr", "0", "stage1.lr must be a finite number > 0"),
-    ("text_input", "launch_softmax_layers", "1, 1", "more than once"),
-    ("text_input", "launch_softmax_layers", "auto, 3", "must be auto alone, or layer numbers"),
-    ("number_input", "launch_seq_len", 8, "data.seq_len (8) is smaller than attention.window_size (16)"),
+    ("number_input", "launch_attention.window_size", 0, "window_size must be an integer >= 1, got 0"),
+    ("text_input", "launch_stage1.lr", "0", "stage1.lr must be a finite number > 0"),
+    ("text_input", "launch_attention.softmax_layers", "1, 1", "more than once"),
+    ("text_input", "launch_attention.softmax_layers", "auto, 3", "must be auto alone, or layer numbers"),
+    ("number_input", "launch_data.seq_len", 8, "data.seq_len (8) is smaller than attention.window_size (16)"),
 ])
 def test_invalid_values_are_shown_inline_and_block_the_launch(fresh_ws, kind, key, value, message):
     at = open_page()
@@ -65,7 +69,7 @@ def test_hub_model_needs_an_id(fresh_ws):
 def test_launch_queues_a_convert_job_with_the_form_config(fresh_ws):
     at = open_page()
     _select_preset(at, "tiny-test")
-    widget(at, "selectbox", "launch_attention_kind").set_value("sliding_window").run()
+    widget(at, "selectbox", "launch_attention.kind").set_value("sliding_window").run()
     widget(at, "text_input", "launch_submit_name").set_value("my-run").run()
     button(at, "launch_submit").click().run()
     assert not at.exception and not at.error
@@ -91,21 +95,21 @@ def test_launch_error_from_the_job_system_is_shown(fresh_ws):
 def test_form_survives_a_page_switch(fresh_ws):
     at = open_page()
     _select_preset(at, "tiny-test")
-    widget(at, "number_input", "launch_stage1_steps").set_value(7).run()
+    widget(at, "number_input", "launch_stage1.steps").set_value(7).run()
     at.switch_page("views/jobs.py").run()
     at.switch_page("views/launch.py").run()
-    assert widget(at, "selectbox", "launch_preset").value == "tiny-test"
-    assert widget(at, "number_input", "launch_stage1_steps").value == 7
+    assert _preset_box(at).value == "tiny-test"
+    assert widget(at, "number_input", "launch_stage1.steps").value == 7
 
 
 def test_check_panel_refuses_softmax_layers_the_model_does_not_have(fresh_ws):
     at = open_page()
     _select_preset(at, "tiny-test")
-    widget(at, "text_input", "launch_softmax_layers").set_value("0, 7").run()
+    widget(at, "text_input", "launch_attention.softmax_layers").set_value("0, 7").run()
     shown = texts(at)
     assert "attention.softmax_layers" in shown and "[7] out of range" in shown and "has 2 layers" in shown
     assert button(at, "launch_submit").disabled
-    widget(at, "text_input", "launch_softmax_layers").set_value("1").run()
+    widget(at, "text_input", "launch_attention.softmax_layers").set_value("1").run()
     assert "The config is valid." in texts(at)
 
 
@@ -116,18 +120,18 @@ def _widget_keys(at, kind):
 def test_auto_softmax_layers_with_a_budget_and_a_score(fresh_ws):
     at = open_page()
     _select_preset(at, "tiny-test")
-    assert "launch_softmax_budget" not in _widget_keys(at, "number_input")
-    widget(at, "text_input", "launch_softmax_layers").set_value("AUTO").run()
+    assert "launch_attention.softmax_budget" not in _widget_keys(at, "number_input")
+    widget(at, "text_input", "launch_attention.softmax_layers").set_value("AUTO").run()
     assert not at.exception
-    assert widget(at, "number_input", "launch_softmax_budget").value == forms.DEFAULT_BUDGET
-    score = widget(at, "selectbox", "launch_softmax_score")
+    assert widget(at, "number_input", "launch_attention.softmax_budget").value == forms.DEFAULT_BUDGET
+    score = widget(at, "selectbox", "launch_attention.softmax_score")
     assert score.value == "kl" and list(score.options) == ["kl", "mse"]
     assert "attention-output MSE normalised by the teacher output's variance" in score.help
     shown = texts(at)  # the default budget of 2 would keep both layers of the tiny model softmax
     assert "attention.softmax_budget" in shown and "use at most 1" in shown
     assert button(at, "launch_submit").disabled
-    widget(at, "number_input", "launch_softmax_budget").set_value(1).run()
-    widget(at, "selectbox", "launch_softmax_score").set_value("mse").run()
+    widget(at, "number_input", "launch_attention.softmax_budget").set_value(1).run()
+    widget(at, "selectbox", "launch_attention.softmax_score").set_value("mse").run()
     assert "softmax layers: auto (budget 1, by mse)" in texts(at)
     button(at, "launch_submit").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
@@ -135,12 +139,12 @@ def test_auto_softmax_layers_with_a_budget_and_a_score(fresh_ws):
     attention = job.config["attention"]
     assert (attention["softmax_layers"], attention["softmax_budget"], attention["softmax_score"]) == ("auto", 1, "mse")
     at.switch_page("views/launch.py").run()  # the launch went to the Jobs page; the form is kept
-    widget(at, "text_input", "launch_softmax_layers").set_value("1").run()
-    assert "launch_softmax_budget" not in _widget_keys(at, "number_input")
+    widget(at, "text_input", "launch_attention.softmax_layers").set_value("1").run()
+    assert "launch_attention.softmax_budget" not in _widget_keys(at, "number_input")
     assert "The config is valid." in texts(at)
-    widget(at, "text_input", "launch_softmax_layers").set_value("auto").run()  # hidden, the values were kept
-    assert widget(at, "number_input", "launch_softmax_budget").value == 1
-    assert widget(at, "selectbox", "launch_softmax_score").value == "mse"
+    widget(at, "text_input", "launch_attention.softmax_layers").set_value("auto").run()  # hidden, the values were kept
+    assert widget(at, "number_input", "launch_attention.softmax_budget").value == 1
+    assert widget(at, "selectbox", "launch_attention.softmax_score").value == "mse"
 
 
 PASTED = "preset: tiny-test\nattention:\n  window_size: 8\n  history_norm: power\neval:\n  samples: 0\n"
@@ -156,10 +160,10 @@ def test_a_pasted_yaml_config_fills_the_form_and_keeps_the_fields_outside_it(fre
     at = open_page()
     _load_yaml(at, PASTED)
     assert widget(at, "radio", "launch_model_choice").value == "tiny"
-    assert widget(at, "number_input", "launch_window_size").value == 8
+    assert widget(at, "number_input", "launch_attention.window_size").value == 8
     assert "Based on pasted config" in texts(at).replace("**", "") and "The config is valid." in texts(at)
     assert not any(c.value in PRESET_DESCRIPTIONS.values() for c in at.caption)  # the preset is not what is shown
-    widget(at, "number_input", "launch_stage1_steps").set_value(6).run()
+    widget(at, "number_input", "launch_stage1.steps").set_value(6).run()
     assert [b.key for b in at.get("download_button")] == ["launchyaml_download"]
     button(at, "launch_submit").click().run()
     job = api.list_jobs(workspace=fresh_ws)[0]
@@ -180,7 +184,7 @@ def test_a_bad_yaml_config_is_refused_with_one_line_and_the_form_is_kept(fresh_w
     _select_preset(at, "tiny-test")
     _load_yaml(at, text)
     assert any(message in e.value and "\n" not in e.value for e in at.error), [e.value for e in at.error]
-    assert widget(at, "number_input", "launch_window_size").value == 16  # still the preset's
+    assert widget(at, "number_input", "launch_attention.window_size").value == 16  # still the preset's
     assert "Based on" not in texts(at)
 
 
@@ -189,7 +193,7 @@ def test_back_to_the_preset_drops_the_loaded_config(fresh_ws):
     _select_preset(at, "tiny-test")
     _load_yaml(at, PASTED)
     button(at, "launchyaml_base_clear").click().run()
-    assert widget(at, "number_input", "launch_window_size").value == 16 and "Based on" not in texts(at)
+    assert widget(at, "number_input", "launch_attention.window_size").value == 16 and "Based on" not in texts(at)
 
 
 def test_the_preset_is_described_and_no_estimate_before_a_conversion_ran(fresh_ws):
@@ -218,5 +222,5 @@ def test_the_wall_time_is_estimated_from_a_finished_conversion_here(fresh_ws, mo
     _select_preset(at, "tiny-test")
     assert f"wall time: about 30s for the training and perplexity phases (model loading aside) at the pace job #{job.id}" \
         in texts(at).replace("**", "")
-    widget(at, "number_input", "launch_seq_len").set_value(128).run()
+    widget(at, "number_input", "launch_data.seq_len").set_value(128).run()
     assert "wall time: about 1m 00s" in texts(at).replace("**", "")

@@ -31,6 +31,6 @@ def test_config_errors_name_the_field(fields, message):
 
 def test_config_round_trip():
     config = BenchConfig(batch_sizes=[2], extra_points=[[8, 4096, 8]], linearize={"kind": "sliding_window"})
-    assert BenchConfig.from_dict(config.to_dict()) == config
+    assert BenchConfig.from_dict(config.model_dump()) == config
     with pytest.raises(ValueError, match="unknown BenchConfig fields"):
         BenchConfig.from_dict({"batch": 1})

@@ -41,7 +41,7 @@ def test_one_attention_transfer_serves_every_budget(sweep):
 def test_each_budget_keeps_its_worst_layers_by_the_shared_scores(sweep):
     out, result, _ = sweep
     scores = result["layer_scores"]
-    assert result["score"] == "kl" and len(scores) == 2 and all(s > 0 for s in scores)
+    assert result["softmax_score"] == "kl" and len(scores) == 2 and all(s > 0 for s in scores)
     rows = {r["budget"]: r for r in result["rows"]}
     assert rows[0]["softmax_layers"] == []
     assert rows[1]["softmax_layers"] == [max(range(2), key=lambda i: scores[i])]

@@ -38,10 +38,10 @@ def test_the_choice_is_recorded_in_the_run_and_the_report(auto_run):
     out, report = auto_run
     choice = json.loads((out / CHOICE_FILE).read_text())
     scores = choice["layer_scores"]
-    assert choice["score"] == "kl" and choice["budget"] == 1 and len(scores) == 2 and all(s > 0 for s in scores)
+    assert choice["softmax_score"] == "kl" and choice["budget"] == 1 and len(scores) == 2 and all(s > 0 for s in scores)
     worst = max(range(2), key=lambda i: scores[i])
     assert choice["softmax_layers"] == [worst] == report["softmax_layers"]
-    assert report["layer_score"] == "kl" and report["layer_scores"] == scores
+    assert report["softmax_score"] == "kl" and report["layer_scores"] == scores
     mse = report["per_layer_mse"]
     assert mse[worst] is None and mse[1 - worst] > 0  # a softmax layer has no attention error to report
     assert json.loads((out / "config.json").read_text())["attention"]["softmax_layers"] == "auto"
@@ -95,7 +95,7 @@ def test_a_run_killed_while_it_scores_its_layers_resumes_to_the_same_result(auto
 def test_mse_score_and_a_budget_that_keeps_everything(workspace):
     out, report = convert_tiny(workspace, "auto-mse", attention={**AUTO, "softmax_score": "mse"},
                                stage2={"enabled": False})
-    assert report["layer_score"] == "mse" and len(report["softmax_layers"]) == 1
+    assert report["softmax_score"] == "mse" and len(report["softmax_layers"]) == 1
     with pytest.raises(ConfigError, match="softmax_budget 2 would keep all 2 converted layers softmax; use at most 1"):
         convert_tiny(workspace, "auto-all", attention={**AUTO, "softmax_budget": 2})
     assert not (workspace / "runs" / "auto-all" / "stage1").exists()  # refused before training
@@ -104,3 +104,14 @@ def test_mse_score_and_a_budget_that_keeps_everything(workspace):
 def test_explicit_layers_are_reported_without_scores(finished_run):
     _, report, _ = finished_run
     assert report["softmax_layers"] == [] and "layer_scores" not in report
+
+
+def test_older_files_name_the_score_method_score_or_layer_score(tmp_path):
+    from core.pipeline.budget_table import score_name
+    from core.pipeline.softmax_choice import saved_choice
+
+    (tmp_path / CHOICE_FILE).write_text(json.dumps({"score": "mse", "budget": 1, "softmax_layers": [0],
+                                                    "layer_scores": [0.5, 0.25]}))
+    assert saved_choice(tmp_path)["softmax_score"] == "mse"
+    assert [score_name(r) for r in ({"score": "kl"}, {"layer_score": "mse"}, {"softmax_score": "kl"}, {})] == \
+        ["kl", "mse", "kl", None]
