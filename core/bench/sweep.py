@@ -57,6 +57,7 @@ from core.bench.memory import GIB, free_memory, peak_tracker, weight_bytes
 from core.bench.student import convert_teacher
 from core.io import atomic_write_json
 from core.progress import NullProgress, ProgressCallback, StopRequested
+from core.run_folder import BENCH
 
 SCHEMA = "lolcats-bench/1"
 WARMUP_GEN = 2  # generation length of the untimed run of a point: the prefill and one decode step
@@ -141,10 +142,10 @@ def run_benchmark(
                     key = (name, point)
                     if key in oom:
                         metrics = {"status": "oom", "error": oom[key]}
-                        progress.on_step("bench", step, total, {"oom": 1.0})
+                        progress.on_step(BENCH, step, total, {"oom": 1.0})
                     else:
                         metrics = summarise(runs[key], b, l, g, weights[name])
-                        progress.on_step("bench", step, total, {
+                        progress.on_step(BENCH, step, total, {
                             k: float(metrics[k]) for k in (
                                 "prefill_tokens_per_second", "decode_tokens_per_second", "time_to_first_token_s",
                                 "peak_memory_bytes", "decode_peak_memory_bytes",

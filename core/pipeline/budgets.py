@@ -40,7 +40,7 @@ from core.pipeline.budget_table import markdown_table, tradeoff_figure
 from core.pipeline.prelude import CONFIG_FILE, load_teacher, prepare_run_dir
 from core.pipeline.softmax_choice import CHOICE_FILE, saved_choice
 from core.progress import NullProgress, ProgressCallback
-from core.run_folder import REPORT_FILE
+from core.run_folder import REPORT_FILE, STAGE1
 
 RESULT_FILE = "budgets.json"
 
@@ -50,8 +50,8 @@ def _seed_from(first: Path, run: Path, budget: int) -> None:
     if (run / CHOICE_FILE).is_file():
         return
     run.mkdir(parents=True, exist_ok=True)
-    if (first / "stage1").is_dir() and not (run / "stage1").exists():
-        shutil.copytree(first / "stage1", run / "stage1", ignore=shutil.ignore_patterns("cache"))
+    if (first / STAGE1).is_dir() and not (run / STAGE1).exists():
+        shutil.copytree(first / STAGE1, run / STAGE1, ignore=shutil.ignore_patterns("cache"))
     shutil.copy2(first / "teacher.json", run / "teacher.json")
     choice = saved_choice(first)
     scores = {i: s for i, s in enumerate(choice["layer_scores"]) if s is not None}

@@ -42,7 +42,7 @@ from core.io import atomic_write_json
 from core.pipeline.prelude import save_stage_summary, stage_finished, stage_summary, start_run
 from core.pipeline.softmax_choice import check_budget, choose_softmax_layers
 from core.progress import NullProgress, ProgressCallback
-from core.run_folder import REPORT_FILE, STUDENT_EVAL, STUDENT_VAL, TEACHER_EVAL, check_intact
+from core.run_folder import REPORT_FILE, STAGE1, STAGE2, STUDENT_EVAL, STUDENT_VAL, TEACHER_EVAL, check_intact
 from core.train.distill_attention import train_stage1
 from core.train.finetune_lora import train_stage2, wrap_for_stage2
 from core.train.lora import base_model
@@ -91,7 +91,7 @@ def run_convert(
     result: dict = {}
     if config.stage1.enabled:
         t = time.perf_counter()
-        result["stage1"] = _train_or_load(model, output, "stage1", config.stage1.steps, lambda: train_stage1(
+        result["stage1"] = _train_or_load(model, output, STAGE1, config.stage1.steps, lambda: train_stage1(
             model, config.stage1, train, val, output, progress, config.seed, dumped))
         timings["stage1_s"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -101,7 +101,7 @@ def run_convert(
     if config.stage2.enabled:
         t = time.perf_counter()
         model = wrap_for_stage2(model, config.stage2)
-        result["stage2"] = _train_or_load(model, output, "stage2", config.stage2.steps, lambda: train_stage2(
+        result["stage2"] = _train_or_load(model, output, STAGE2, config.stage2.steps, lambda: train_stage2(
             model, config.stage2, train, val, output, progress, config.seed, dumped))
         timings["stage2_s"] = time.perf_counter() - t
 

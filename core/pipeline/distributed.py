@@ -48,6 +48,7 @@ import torch.distributed as dist
 from core.config import ConfigError, ConvertConfig
 from core.pipeline.prelude import save_stage_summary, stage_finished, start_run
 from core.progress import ProgressCallback
+from core.run_folder import STAGE1, STAGE2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,7 +203,7 @@ def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str 
         check_budget(model, config.attention)
         blocks = sorted(trainable_blocks(model, spec.layers_per_block))
         shares = {r: blocks[r :: group.world_size] for r in range(group.world_size)}
-        if stage_finished(output, "stage1", spec.steps):
+        if stage_finished(output, STAGE1, spec.steps):
             progress.on_log(f"stage1: already finished in {output}")
             return {"blocks": {}, "ranks": shares, "finished": True}
         mine = shares[group.rank]
@@ -216,7 +217,7 @@ def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str 
         if group.main:
             gather_blocks(model, output, spec.steps, dumped)
             result = {"blocks": {name: r for part in everyone for name, r in part.items()}, "ranks": shares}
-            save_stage_summary(output, "stage1", {"blocks": result["blocks"]})
+            save_stage_summary(output, STAGE1, {"blocks": result["blocks"]})
             progress.on_log(f"stage1: {len(result['blocks'])} blocks from {group.world_size} process(es) gathered "
                             f"into {output / 'stage1' / 'best'}")
         group.barrier()  # nobody leaves before stage1/best exists
@@ -261,10 +262,10 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
                         barrier=accelerator.wait_for_everyone)
         model, train, val = linearize(run.model, config.attention), run.train, run.val
         if config.stage1.enabled:
-            if not stage_finished(output, "stage1", config.stage1.steps):
+            if not stage_finished(output, STAGE1, config.stage1.steps):
                 raise ConfigError(f"stage 1 is not finished in {output}; run `python -m core.cli.distributed stage1` (or "
                                   "`lolcats convert`) on this run folder first")
-            load_best(model, output, "stage1")
+            load_best(model, output, STAGE1)
         if main:  # softmax_layers "auto": the main process chooses (or reads its choice), then the others read it
             choose_softmax_layers(model, config, val, output, progress)
         accelerator.wait_for_everyone()
@@ -272,7 +273,7 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
             apply_saved_choice(model, config, output)
         torch.manual_seed(config.seed)  # the same LoRA initialisation on every process
         model = wrap_for_stage2(model, spec)
-        if stage_finished(output, "stage2", spec.steps):
+        if stage_finished(output, STAGE2, spec.steps):
             progress.on_log(f"stage2: already finished in {output}")
             return {"finished": True}
         if accelerator.num_processes == 1:
@@ -288,7 +289,7 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
         summary = train_stage2(model, spec, train, val, output, progress, config.seed, config.model_dump(),
                                parallel=parallel, forward_model=wrapped)
         if main:
-            save_stage_summary(output, "stage2", summary)
+            save_stage_summary(output, STAGE2, summary)
         return summary
     finally:
         if dist.is_initialized():  # no collective here: after an error the launcher stops the other processes

@@ -25,7 +25,7 @@ from core.export.teacher import TEACHER_ATTRIBUTE, ExportTeacher
 from core.models import resolve_device, resolve_dtype
 from core.pipeline.prelude import load_teacher
 from core.pipeline.softmax_choice import apply_saved_choice
-from core.run_folder import CONFIG_FILE, EXPORT_CONFIG, is_export, is_run
+from core.run_folder import CONFIG_FILE, EXPORT_CONFIG, STAGE1, STAGE2, is_export, is_run
 from core.train.finetune_lora import wrap_for_stage2
 from core.train.loop import load_best
 
@@ -54,12 +54,12 @@ def _load_run(path: Path, device: str, workspace) -> tuple[nn.Module, object, di
     config = stored_config(json.loads((path / CONFIG_FILE).read_text()))
     model, tokenizer = load_teacher(config, workspace, device)
     linearize(model, config.attention)
-    if (path / "stage1" / "best").exists():
-        load_best(model, path, "stage1")
+    if (path / STAGE1 / "best").exists():
+        load_best(model, path, STAGE1)
     apply_saved_choice(model, config, path)
-    if (path / "stage2" / "best").exists():
+    if (path / STAGE2 / "best").exists():
         model = wrap_for_stage2(model, config.stage2)
-        load_best(model, path, "stage2")
+        load_best(model, path, STAGE2)
     model.eval()
     return model, tokenizer, {"kind": "run", "config": config.model_dump()}
 

@@ -35,6 +35,7 @@ from core.progress import ProgressCallback
 from core.train.loop import Batch, LoopSpec, load_best, run_loop
 from core.train.parallel import ONE_PROCESS
 from core.train.teacher_forcing import teacher_forcing
+from core.run_folder import STAGE1
 
 
 def freeze_for_stage1(model: nn.Module, layers: range | None = None) -> None:
@@ -158,7 +159,7 @@ def train_stage1(
     """Attention transfer (joint, or block-wise when ``spec.layers_per_block`` is set); leaves the
     best (lowest validation loss) weights loaded and in ``<run>/stage1/best``."""
     if spec.layers_per_block is None:
-        return _train(model, spec, train, val, run_dir, progress, seed, config, "stage1", None)
+        return _train(model, spec, train, val, run_dir, progress, seed, config, STAGE1, None)
     return train_stage1_blockwise(model, spec, train, val, run_dir, progress, seed, config)
 
 
@@ -218,7 +219,7 @@ def train_stage1_blockwise(model, spec: Stage1Spec, train: Batch, val: Batch, ru
     if blocks is not None:
         plan = {b: layers for b, layers in plan.items() if b in set(blocks)}
     starts = [layers.start for layers in plan.values()]
-    cache = run_dir / "stage1" / "cache"
+    cache = run_dir / STAGE1 / "cache"
     progress.on_log(f"stage1: block-wise, {len(plan)} blocks of up to {spec.layers_per_block} layers"
                     + ("" if blocks is None else f" (blocks {sorted(plan)})"))
     train_in = teacher_inputs(model, train, starts, cache / "train")
@@ -239,12 +240,12 @@ def train_stage1_blockwise(model, spec: Stage1Spec, train: Batch, val: Batch, ru
 def gather_blocks(model: nn.Module, run_dir: Path, steps: int, config: dict) -> None:
     """One ``stage1/best`` (and a finished ``stage1/last``) from the per-block best checkpoints."""
     tensors = {}
-    for block in sorted((run_dir / "stage1").glob("block*")):
+    for block in sorted((run_dir / STAGE1).glob("block*")):
         tensors.update(load_checkpoint(block / "best")[0])
-    state = {"stage": "stage1", "step": steps, "blocks": len(list((run_dir / "stage1").glob("block*"))),
+    state = {"stage": STAGE1, "step": steps, "blocks": len(list((run_dir / STAGE1).glob("block*"))),
              "config": config}
-    save_checkpoint(run_dir / "stage1" / "best", tensors, state)
-    save_checkpoint(run_dir / "stage1" / "last", tensors, state)
+    save_checkpoint(run_dir / STAGE1 / "best", tensors, state)
+    save_checkpoint(run_dir / STAGE1 / "last", tensors, state)
 
 
 __all__ = ["freeze_for_stage1", "layer_losses", "evaluate_layers", "train_stage1", "train_stage1_blockwise",

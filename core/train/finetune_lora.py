@@ -30,6 +30,7 @@ from core.train.lora import add_lora, base_model
 from core.progress import ProgressCallback
 from core.train.loop import Batch, LoopSpec, load_best, run_loop
 from core.train.parallel import ONE_PROCESS, Parallel
+from core.run_folder import STAGE2
 
 
 def _logits(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -152,9 +153,9 @@ def train_stage2(
         return val_loss, {"val_ppl": math.exp(min(val_loss, 50.0))}, None
 
     loop = LoopSpec(
-        stage="stage2", steps=spec.steps, lr=spec.lr, weight_decay=spec.weight_decay, batch_size=spec.batch_size,
+        stage=STAGE2, steps=spec.steps, lr=spec.lr, weight_decay=spec.weight_decay, batch_size=spec.batch_size,
         grad_accum=spec.grad_accum, eval_every=spec.eval_every, seed=seed, plateau_patience=10 ** 9,
     )
     result = run_loop(loop, model, train, loss_fn, eval_fn, run_dir, progress, config, parallel)
-    load_best(model, run_dir, "stage2")
+    load_best(model, run_dir, STAGE2)
     return result
