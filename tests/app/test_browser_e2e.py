@@ -1,9 +1,12 @@
 """End to end in headless Chromium: ``lolcats app`` on a free port, launch a ``tiny-test`` conversion
 from the Launch page, watch it succeed on the Jobs page, open Layers and Attention, chat with both
 models, export it from the Jobs page, start a new conversion from its config (a missing data file
-refused), and open a run folder made outside the workbench on the Attention page. Screenshots go to ``$LOLCATS_ARTIFACTS_DIR`` (default ``tmp/artifacts/e2e`` in the project);
-with ``LOLCATS_UPDATE_SCREENSHOT=1`` the Chat screenshot also replaces ``docs/screenshot.png`` (the README's
-image; the committed one shows a conversion of the bundled SmolLM2, which answers in words)."""
+refused), and open a run folder made outside the workbench on the Attention page; and a longer
+conversion's overall bar, cancelled and resumed from the Jobs page, its time left after the resume
+following the resumed attempt's pace. Screenshots go to ``$LOLCATS_ARTIFACTS_DIR`` (default
+``tmp/artifacts/e2e`` in the project); with ``LOLCATS_UPDATE_SCREENSHOT=1`` the Chat screenshot
+also replaces ``docs/screenshot.png`` (the README's image; the committed one shows a conversion of
+the bundled SmolLM2, which answers in words)."""
 
 from __future__ import annotations
 
@@ -205,3 +208,62 @@ def _cli_run_on_the_attention_page(page, workspace, job_id: int) -> None:
     page.wait_for_function("() => document.body.innerHTML.includes('&lt;0xE7&gt;') "
                            "&& document.body.innerHTML.includes('␣sat')", timeout=120_000)
     _shot(page, "7-cli-run-attention")
+
+
+def _seconds(text: str) -> float:
+    """Seconds of a duration as the pages write it (``1h 02m``, ``3m 05s``, ``42s``)."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    return float(sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", text)))
+
+
+def test_overall_progress_cancel_and_resume(page, running_app, workspace):
+    """A running conversion shows one overall bar over its stage's; Cancel stops it at a step and
+    Resume continues it there; the time left after the resume follows this attempt's pace."""
+    from playwright.sync_api import expect
+
+    from core.config import preset
+    from app.progress import pace
+
+    steps = 4000
+    config = preset("tiny-test", stage1={"steps": steps, "eval_every": steps}).model_dump()
+    job_id = api.submit_job("convert", config, name="long", workspace=workspace).id
+    page.goto(running_app.url)
+    _goto(page, "Jobs")
+    page.get_by_text(re.compile(r"Overall \d+%")).first.wait_for(timeout=120_000)
+    page.get_by_text(re.compile(rf"stage 1: attention transfer: step \d+/{steps}")).first.wait_for()
+    _shot(page, "8-overall-progress")
+
+    def running_past(step: int, attempt: int):
+        info = api.get_job(job_id, workspace=workspace)
+        return info if (info.status, info.attempt) == ("running", attempt) and (info.progress_step or 0) >= step else None
+
+    deadline = time.monotonic() + CONVERSION_TIMEOUT_S
+    while not running_past(20, 1):
+        assert time.monotonic() < deadline, "stage 1 did not reach step 20"
+        time.sleep(0.2)
+    page.get_by_role("button", name="Cancel").click()
+    while (info := api.get_job(job_id, workspace=workspace)).status != "cancelled":
+        assert time.monotonic() < deadline, f"the cancel did not stop the job ({info.status})"
+        time.sleep(0.2)
+    stopped_at = info.progress_step
+    assert 20 <= stopped_at < steps
+    resume = page.get_by_role("button", name="Resume")
+    expect(resume).to_be_enabled(timeout=60_000)
+    resume.click()
+    while not running_past(stopped_at + 40, 2):
+        assert time.monotonic() < deadline, "the resumed attempt did not reach 40 steps"
+        time.sleep(0.2)
+
+    # the stage's time left, read off the page, against this attempt's pace read from the database
+    label = page.get_by_text(re.compile(r"stage 1: attention transfer: step \d+/\d+ · about .* left in this stage"))
+    while int(re.search(r"step (\d+)/", text := label.first.inner_text(timeout=60_000)).group(1)) < stopped_at + 40:
+        assert time.monotonic() < deadline, f"the page did not show the resumed steps ({text})"
+        time.sleep(0.5)
+    shown_step = int(re.search(r"step (\d+)/", text).group(1))
+    shown = _seconds(re.search(r"about (.*) left in this stage", text).group(1))
+    rows = [p for p in api.job_metrics(job_id, stage="stage1", workspace=workspace) if p.attempt == 2]
+    per_step = pace([p for p in rows if p.step <= shown_step])[0]
+    expected = (steps - shown_step) * per_step
+    assert expected / 2 <= shown <= expected * 2, (text, expected)  # not the pace of all steps since the start
+    _shot(page, "9-resumed")
+    api.cancel_job(job_id, workspace=workspace)
