@@ -62,6 +62,7 @@ def test_a_stage1_step_leaves_no_batch_tensors_on_the_model(xent):
     assert all("forward" not in vars(m) for m in converted.values())
 
 
+@pytest.mark.slow  # a whole stage 1 on the tiny model; the step above covers the fast tier
 def test_stage1_training_leaves_no_batch_tensors_on_the_model(tmp_path):
     model = student()
     spec = Stage1Spec(steps=2, lr=1e-2, eval_every=1, eval_blocks=1, xent_factor=0.1)
