@@ -40,7 +40,7 @@ def mean_nll(model, ids: torch.Tensor, shift: int) -> float:
 def measure(run: str, shifts: list[int], length: int, sequences: int) -> dict:
     model, tokenizer, _ = load_converted(run, device="cpu")
     model.eval()
-    spec = model.lolcats_config  # the attention spec the conversion used
+    spec = model.attention_spec  # the attention spec the conversion used
     ids = held_out_sequences(tokenizer, length, sequences)
     rows = []
     for shift in shifts:

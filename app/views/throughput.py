@@ -52,7 +52,7 @@ def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
                     attn = cfg.get("attention", {})
                     config["model"] = cfg.get("model", {}).get("source", BUNDLED_MODEL)
                     config["dtype"] = cfg.get("model", {}).get("dtype", "float32")
-                    config["linearize"] = {"kind": attn.get("kind", "terraced"),
+                    config["attention"] = {"kind": attn.get("kind", "terraced"),
                                            "feature_map": attn.get("feature_map", "hedgehog"),
                                            "feature_dim": attn.get("feature_dim", 64),
                                            "window_size": attn.get("window_size", 64),

@@ -41,7 +41,7 @@ def check_supported(model: nn.Module) -> None:
 
 
 def is_linearized(model: nn.Module) -> bool:
-    return getattr(model, "lolcats_config", None) is not None
+    return getattr(model, "attention_spec", None) is not None
 
 
 def sliding_layers(text_config, num_layers: int) -> set[int]:
@@ -60,7 +60,7 @@ def _listed_softmax_layers(spec) -> list[int]:
 
 
 def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
-    """Convert ``model`` in place and return it (see the module docstring); ``model.lolcats_config`` keeps ``spec``."""
+    """Convert ``model`` in place and return it (see the module docstring); ``model.attention_spec`` keeps ``spec``."""
     check_supported(model)
     if is_linearized(model):
         raise ConfigError("model is already linearized; load a fresh base model to convert it again")
@@ -109,13 +109,13 @@ def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     decoder.register_forward_pre_hook(padding.hook, with_kwargs=True)
     decoder.register_forward_hook(padding.clear, with_kwargs=True)
     model.lolcats_originals = originals  # a plain dict, not submodules: the state dict is unchanged
-    model.lolcats_config = spec
+    model.attention_spec = spec
     return model
 
 
 def restore_softmax(model: nn.Module, layers: list[int]) -> None:
     """Give converted ``layers`` back the softmax attention module they replaced (same weights,
-    their feature maps dropped) and record them in ``model.lolcats_config.softmax_layers``, which
+    their feature maps dropped) and record them in ``model.attention_spec.softmax_layers``, which
     then lists the layers kept softmax explicitly (``"auto"`` resolved)."""
     converted = lolcats_modules(model)
     missing = sorted(set(layers) - set(converted))
@@ -124,9 +124,9 @@ def restore_softmax(model: nn.Module, layers: list[int]) -> None:
     decoder = decoder_layers(model)
     for i in layers:
         decoder[i].self_attn = model.lolcats_originals.pop(i)
-    spec = model.lolcats_config
+    spec = model.attention_spec
     listed = _listed_softmax_layers(spec)
-    model.lolcats_config = spec.model_copy(update={"softmax_layers": sorted({*listed, *layers}), "softmax_budget": None})
+    model.attention_spec = spec.model_copy(update={"softmax_layers": sorted({*listed, *layers}), "softmax_budget": None})
 
 
 def lolcats_modules(model: nn.Module) -> dict[int, LolcatsAttention]:

@@ -1,7 +1,7 @@
 """What a throughput benchmark measures: the models, the points of the sweep, the run settings.
 
 Points are ``(batch_size, prompt_length, gen_length)``. This module is the one place the package
-names the attention config class: :meth:`BenchConfig.linearize_config` builds it for a fresh
+names the attention config class: :meth:`BenchConfig.attention_spec` builds it for a fresh
 student and :func:`attention_fields` turns a student's back into plain fields.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.config import (BUNDLED_MODEL, DTYPES, AttentionSpec, ConfigError, build_spec,
                          validation_problems)
@@ -64,7 +64,7 @@ class BenchConfig(BaseModel):
     device: str = "auto"
     workspace: str | None = None
     student_checkpoint: str | None = None  # a converted checkpoint to benchmark instead of a fresh conversion
-    linearize: dict[str, Any] = {}  # attention config fields of the fresh conversion
+    attention: dict[str, Any] = {}  # the `attention` config fields of the fresh conversion
     models: list[Literal[MODELS]] = list(MODELS)  # stored in MODELS' order
     batch_sizes: list[int] = [1, 2, 4, 8]
     prompt_lengths: list[int] = [512, 1024, 2048, 4096]
@@ -126,7 +126,16 @@ class BenchConfig(BaseModel):
             return str(value)
         return value
 
-    @field_validator("linearize")
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        """A config stored before ``attention`` took the conversion config's name (``linearize``)."""
+        if isinstance(data, dict) and "linearize" in data and "attention" not in data:
+            data = {**data, "attention": data["linearize"]}
+            del data["linearize"]
+        return data
+
+    @field_validator("attention")
     @classmethod
     def _attention_fields(cls, fields: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -138,14 +147,14 @@ class BenchConfig(BaseModel):
     @classmethod
     def from_dict(cls, data: dict) -> BenchConfig:
         """A config a result stored (its ``config``), or :class:`ConfigError` naming every bad field."""
-        unknown = set(data) - set(cls.model_fields)
+        unknown = set(data) - set(cls.model_fields) - {"linearize"}  # read under its old name
         if unknown:
             raise ConfigError(f"unknown BenchConfig fields: {', '.join(sorted(unknown))}")
         return build_spec(cls, data)
 
-    def linearize_config(self) -> AttentionSpec:
+    def attention_spec(self) -> AttentionSpec:
         """The conversion used for a fresh student: random feature maps unless told otherwise."""
-        return build_spec(AttentionSpec, {"feature_init": "random", **self.linearize}, "linearize")
+        return build_spec(AttentionSpec, {"feature_init": "random", **self.attention}, "attention")
 
     def points(self) -> list[tuple[int, int, int]]:
         """The points to measure, in order, without duplicates (none in a capacity run)."""

@@ -24,7 +24,7 @@ def convert_teacher(teacher: nn.Module, config: BenchConfig) -> nn.Module:
         return load_converted_student(teacher, config.student_checkpoint, config)
     student = copy.deepcopy(teacher)
     torch.manual_seed(config.seed)  # the random feature-map init
-    linearize(student, config.linearize_config())
+    linearize(student, config.attention_spec())
     return student.eval()
 
 

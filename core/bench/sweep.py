@@ -189,7 +189,7 @@ def run_benchmark(
     if "student" in models:
         student_info = {
             "source": config.student_checkpoint or "fresh conversion, random feature maps",
-            "linearize": attention_fields(getattr(models["student"], "lolcats_config", config.linearize_config())),
+            "attention": attention_fields(getattr(models["student"], "attention_spec", config.attention_spec())),
         }
     return {
         "schema": SCHEMA,

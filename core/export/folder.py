@@ -36,12 +36,12 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=Non
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    write_modeling_code(out, type(model).__name__, model.lolcats_config.model_dump())
-    meta = {"linearize": model.lolcats_config.model_dump(),
+    write_modeling_code(out, type(model).__name__, model.attention_spec.model_dump())
+    meta = {"attention": model.attention_spec.model_dump(),
             "base_model": base_model_metadata(config.model.model_dump(), model),
             "config": config.model_dump(), "source_run": str(Path(run_dir).resolve())}
     (out / EXPORT_CONFIG).write_text(json.dumps(meta, indent=2))
-    (out / CARD_FILE).write_text(model_card(Path(run_dir), meta["base_model"], meta["linearize"], out.name))
+    (out / CARD_FILE).write_text(model_card(Path(run_dir), meta["base_model"], meta["attention"], out.name))
     return out
 
 

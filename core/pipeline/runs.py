@@ -109,7 +109,7 @@ def is_lolcats_tensor(name: str) -> bool:
 def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object, dict]:
     meta = json.loads((path / EXPORT_CONFIG).read_text())
     model, tokenizer = _load_base_architecture(path)
-    saved = dict(meta["linearize"])
+    saved = dict(meta["attention"] if "attention" in meta else meta["linearize"])  # "linearize" before
     if "attention" in saved:  # exported before the spec took the YAML's names: attention -> kind
         saved["kind"] = saved.pop("attention")
     linearize(model, stored_attention(saved))

@@ -31,7 +31,7 @@ def tiny_convert_config(**sections) -> dict:
 
 def tiny_bench_config() -> dict:
     return {"model": TINY_MODEL, "batch_sizes": [1, 2], "prompt_lengths": [16, 32], "gen_lengths": [4],
-            "linearize": {"kind": "terraced", "feature_map": "hedgehog", "feature_dim": 8, "window_size": 16},
+            "attention": {"kind": "terraced", "feature_map": "hedgehog", "feature_dim": 8, "window_size": 16},
             "warmup": False}
 
 

@@ -187,9 +187,9 @@ def test_benchmark_of_an_auto_conversion_gets_the_chosen_layers(fresh_ws):
     button(at, "bench_submit").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     (bench,) = api.list_jobs(kind="benchmark", workspace=fresh_ws)
-    linearize = bench.config["linearize"]
-    assert linearize["softmax_layers"] == [1]
-    assert (linearize["feature_dim"], linearize["window_size"]) == (config["attention"]["feature_dim"],
+    attention = bench.config["attention"]
+    assert attention["softmax_layers"] == [1]
+    assert (attention["feature_dim"], attention["window_size"]) == (config["attention"]["feature_dim"],
                                                                      config["attention"]["window_size"])
 
 

@@ -13,7 +13,7 @@ SMALL = {
     "batch_sizes": [1, 3],
     "prompt_lengths": [16, 40],
     "gen_lengths": [3],
-    "linearize": {"window_size": 8},
+    "attention": {"window_size": 8},
     "warmup": False,
 }
 
@@ -41,7 +41,7 @@ def small_result() -> dict:
 def capacity_result() -> dict:
     """A capacity run of a tiny model under a generous budget, batches 1 to 8 (the search's ceiling)."""
     config = BenchConfig(prompt_lengths=[24], memory_budget="1GiB", max_batch=8, capacity_steps=2, warmup=False,
-                         linearize={"window_size": 8})
+                         attention={"window_size": 8})
     return run_benchmark(config, teacher=tiny_model("llama"))
 
 

@@ -41,7 +41,7 @@ def test_synthetic_teacher_cache_has_the_shape_of_a_prefilled_one():
 @pytest.mark.parametrize("kind, sinks", [("terraced", 0), ("sliding_window", 0), ("linear", 0), ("terraced", 3)])
 def test_synthetic_student_state_has_the_shape_and_positions_of_a_prefilled_one(kind, sinks):
     teacher = tiny_model("llama")
-    student = convert_teacher(teacher, BenchConfig(linearize={"kind": kind, "window_size": 8, "softmax_layers": [1],
+    student = convert_teacher(teacher, BenchConfig(attention={"kind": kind, "window_size": 8, "softmax_layers": [1],
                                                               "sink_tokens": sinks}))
     ids = torch.randint(3, 101, (2, 21), generator=torch.Generator().manual_seed(0))
     real = new_cache(student)
@@ -108,7 +108,7 @@ def test_out_of_memory_trials_are_recorded_and_the_search_goes_on(monkeypatch):
 
 
 def test_a_real_trial_out_of_memory_is_recorded(monkeypatch):
-    student = convert_teacher(tiny_model("llama"), BenchConfig(linearize={"window_size": 8}))
+    student = convert_teacher(tiny_model("llama"), BenchConfig(attention={"window_size": 8}))
     real = cap.synthetic_cache
 
     def synthetic(model, batch, length, seed=0):

@@ -19,7 +19,7 @@ def test_grid_and_axes_points():
         ({"batch_sizes": [0]}, "batch_sizes"),
         ({"sweep": "diagonal"}, "sweep"),
         ({"models": ["oracle"]}, "models"),
-        ({"linearize": {"kind": "quadratic"}}, "attention kind"),
+        ({"attention": {"kind": "quadratic"}}, "attention kind"),
         ({"repeats": 0}, "repeats"),
         ({"extra_points": [[1, 8]]}, "extra_points"),
     ],
@@ -30,7 +30,13 @@ def test_config_errors_name_the_field(fields, message):
 
 
 def test_config_round_trip():
-    config = BenchConfig(batch_sizes=[2], extra_points=[[8, 4096, 8]], linearize={"kind": "sliding_window"})
+    config = BenchConfig(batch_sizes=[2], extra_points=[[8, 4096, 8]], attention={"kind": "sliding_window"})
     assert BenchConfig.from_dict(config.model_dump()) == config
     with pytest.raises(ValueError, match="unknown BenchConfig fields"):
         BenchConfig.from_dict({"batch": 1})
+
+
+def test_a_config_stored_before_the_attention_name_reads_the_same():
+    old = BenchConfig.from_dict({"linearize": {"kind": "sliding_window", "window_size": 8}})
+    assert old == BenchConfig(attention={"kind": "sliding_window", "window_size": 8})
+    assert old.attention_spec().kind == "sliding_window" and "linearize" not in old.model_dump()

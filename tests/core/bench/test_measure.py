@@ -45,7 +45,7 @@ def record_forward_calls(monkeypatch, teacher, student) -> list[tuple[str, int]]
 def test_teacher_and_student_are_interleaved(monkeypatch):
     teacher = tiny_model("llama")
     config = BenchConfig(batch_sizes=[2], prompt_lengths=[12, 20], gen_lengths=[4], warmup=False,
-                         linearize={"window_size": 8}, models=["teacher", "student"])
+                         attention={"window_size": 8}, models=["teacher", "student"])
     student = convert_teacher(teacher, config)
     calls = record_forward_calls(monkeypatch, teacher, student)
     run_benchmark(config, teacher=teacher, student=student)
@@ -80,7 +80,7 @@ def test_is_oom():
 def test_the_student_prefills_in_chunks_and_the_teacher_at_once(monkeypatch):
     teacher = tiny_model("llama")
     config = BenchConfig(batch_sizes=[2], prompt_lengths=[20], gen_lengths=[2], warmup=False,
-                         linearize={"window_size": 8}, models=["teacher", "student"], prefill_chunk=8)
+                         attention={"window_size": 8}, models=["teacher", "student"], prefill_chunk=8)
     student = convert_teacher(teacher, config)
     calls = record_forward_calls(monkeypatch, teacher, student)
     out = run_benchmark(config, teacher=teacher, student=student)
@@ -105,7 +105,7 @@ def record_points(monkeypatch) -> list[tuple]:
 
 def test_every_point_is_timed_after_an_untimed_run_at_its_own_shape(monkeypatch):
     config = BenchConfig(batch_sizes=[2], prompt_lengths=[80, 96], gen_lengths=[4], repeats=2, warmup=True,
-                         linearize={"window_size": 8}, models=["teacher", "student"])
+                         attention={"window_size": 8}, models=["teacher", "student"])
     calls = record_points(monkeypatch)
     out = run_benchmark(config, teacher=tiny_model("llama"))
     both, flipped, warm = ["teacher", "student"], ["student", "teacher"], calls[0][1]

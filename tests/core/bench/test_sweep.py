@@ -119,7 +119,7 @@ def test_stop_request_is_honoured():
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3", "gemma3"])
 def test_other_architectures(arch):
-    config = BenchConfig(batch_sizes=[2], prompt_lengths=[20], gen_lengths=[3], warmup=False, linearize={"window_size": 8})
+    config = BenchConfig(batch_sizes=[2], prompt_lengths=[20], gen_lengths=[3], warmup=False, attention={"window_size": 8})
     out = run_benchmark(config, teacher=tiny_model(arch))
     assert [p["status"] for p in out["points"]] == ["ok", "ok", "ok"]
     assert all(v > 0 and math.isfinite(v) for v in numbers(without_floor_cache(out["points"])))

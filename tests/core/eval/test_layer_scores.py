@@ -93,7 +93,7 @@ def test_restore_softmax_brings_back_the_original_attention():
         teacher = model(**data).logits
     restore_softmax(model, [0, 2])
     assert softmax_layer_indices(model) == [0, 2]
-    assert model.lolcats_config.softmax_layers == [0, 2] and model.lolcats_config.softmax_budget is None
+    assert model.attention_spec.softmax_layers == [0, 2] and model.attention_spec.softmax_budget is None
     assert not any("layers.2.self_attn.feature_map" in k for k in model.state_dict())
     with torch.no_grad(), core.teacher_attention(core.lolcats_modules(model).values()):  # the remaining converted layers
         assert torch.allclose(model(**data).logits, teacher, atol=1e-5)

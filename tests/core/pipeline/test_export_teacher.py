@@ -112,3 +112,21 @@ def test_missing_base_model_says_the_teacher_is_unavailable(cli, exported, works
                          input="hello\n\n")
     assert chat.exit_code == 0, chat.output
     assert "teacher unavailable" in chat.output and "teacher (" not in chat.output and "student (" in chat.output
+
+
+def test_an_export_written_before_the_attention_key_loads_the_same(exported, workspace, tmp_path):
+    """``lolcats.json`` named the attention spec ``linearize`` before it took the config's name."""
+    _, _, out = exported
+    old = tmp_path / "old"
+    old.mkdir()
+    for file in out.iterdir():
+        (old / file.name).write_bytes(file.read_bytes())
+    meta = json.loads((old / EXPORT_CONFIG).read_text())
+    meta["linearize"] = meta.pop("attention")
+    (old / EXPORT_CONFIG).write_text(json.dumps(meta))
+    now, tokenizer, _ = load_converted(out, device="cpu", workspace=workspace)
+    before, _, _ = load_converted(old, device="cpu", workspace=workspace)
+    assert before.attention_spec == now.attention_spec
+    prompt = "The cat sat on the mat"
+    torch.testing.assert_close(last_logits(before, tokenizer, prompt), last_logits(now, tokenizer, prompt),
+                               rtol=0, atol=0)

@@ -54,8 +54,8 @@ def test_a_loaded_run_and_its_export_keep_the_chosen_layer_softmax(auto_run, wor
     assert sorted(core.lolcats_modules(inner)) == [i for i in range(2) if i not in report["softmax_layers"]]
     merged, _, meta = load_converted(export(out, tmp_path / "export", workspace=workspace), device="cpu",
                                      workspace=workspace)
-    assert meta["linearize"]["softmax_layers"] == report["softmax_layers"]
-    assert meta["linearize"]["softmax_budget"] is None
+    assert meta["attention"]["softmax_layers"] == report["softmax_layers"]
+    assert meta["attention"]["softmax_budget"] is None
     ref, got = logits_of(model), logits_of(merged)
     assert ((got - ref).norm() / ref.norm()).item() < 1e-5
 
