@@ -123,11 +123,13 @@ def save_checkpoint(
     tensors: dict[str, torch.Tensor],
     state: dict[str, Any],
     optimizer: dict[str, Any] | None = None,
+    parents: bool = True,
 ) -> Path:
     """Atomically write a checkpoint folder at ``path`` (replacing any previous one);
-    ``optimizer`` is a state dict (:func:`optimizer_state`)."""
+    ``optimizer`` is a state dict (:func:`optimizer_state`). ``parents=False`` creates only the
+    folder ``path`` sits in, never the ones above it: :class:`FileNotFoundError` when they are gone."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=parents, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:

@@ -171,9 +171,15 @@ def run_loop(
     in_run_folder = (run_dir / CONFIG_FILE).is_file()  # a conversion's run folder, not a bare output folder
 
     def write(path: Path, tensors: dict, state: dict, opt_state: dict | None = None) -> None:  # rank 0 only
-        if in_run_folder:
-            check_intact(run_dir)  # never recreate a deleted run folder with checkpoints alone
-        save_checkpoint(path, tensors, state, opt_state)
+        if not in_run_folder:
+            save_checkpoint(path, tensors, state, opt_state)
+            return
+        check_intact(run_dir)  # never recreate a deleted run folder with checkpoints alone
+        try:
+            save_checkpoint(path, tensors, state, opt_state, parents=False)
+        except FileNotFoundError:
+            check_intact(run_dir)  # deleted while this checkpoint was being written: say so
+            raise
 
     def save(step: int) -> None:  # every process gathers (sharded models), rank 0 writes
         tensors, opt_state = trainable_state(model), optimizer_state(opt)

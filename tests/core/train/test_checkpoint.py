@@ -67,3 +67,13 @@ def test_optimizer_state_round_trip(tmp_path):
     first = lambda o: o.state[o.param_groups[0]["params"][0]]  # noqa: E731
     assert torch.equal(first(opt2)["exp_avg"], first(opt)["exp_avg"]) and first(opt2)["step"] == 1
     assert state["best"] == float("inf")
+
+
+def test_a_checkpoint_written_without_parents_never_recreates_the_folders_above_its_own(tmp_path):
+    gone = tmp_path / "run"  # a run folder deleted while a conversion runs
+    with pytest.raises(FileNotFoundError):
+        ck.save_checkpoint(gone / "stage1" / "last", {"w": torch.ones(2)}, {"step": 1}, parents=False)
+    assert not gone.exists()
+    (gone / "stage1").mkdir(parents=True)
+    ck.save_checkpoint(gone / "stage1" / "last", {"w": torch.ones(2)}, {"step": 1}, parents=False)
+    assert ck.load_checkpoint(gone / "stage1" / "last")[1]["step"] == 1
