@@ -19,6 +19,7 @@ from core.config import (
     ConvertConfig,
     config_fields,
     deep_merge,
+    get_dotted,
     parse_yaml_mapping,
     set_dotted,
     validation_problems,
@@ -91,17 +92,11 @@ FIELDS = (
 LR_FIELDS = ("stage1.lr", "stage2.lr")  # typed as text (1e-3), so a widget shows them with :g
 
 
-def _get(config: dict[str, Any], path: str) -> Any:
-    for part in path.split("."):
-        config = config[part]
-    return config
-
-
 def form_values(config: dict[str, Any]) -> dict[str, Any]:
     """Widget values (keyed like the form's widgets: the fields' dotted paths) showing ``config``;
     a field ``config`` lacks (a job stored before the field existed) shows its default."""
     config = deep_merge(ConvertConfig().model_dump(), config)
-    values = {path: _get(config, path) for path in FIELDS}
+    values = {path: get_dotted(config, path) for path in FIELDS}
     values["data.max_examples"] = values["data.max_examples"] or 0
     values["attention.softmax_layers"] = _layers_text(values["attention.softmax_layers"])
     if values["attention.softmax_budget"] is None:

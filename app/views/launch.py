@@ -59,6 +59,11 @@ def _value(field: str):
     return st.session_state[_FORM][field]
 
 
+def _bound(field: str) -> dict:
+    """The arguments that tie a value widget (number, text, checkbox) to form ``field``."""
+    return {"value": _value(field), "key": _key(field)}
+
+
 def _index(options: list, field: str) -> int:
     return options.index(_value(field))
 
@@ -125,7 +130,7 @@ def _source(label: str, choices: dict[str, str], key: str, named: dict[str, tupl
                       format_func=choices.get, horizontal=True)
     if choice in named:
         text, placeholder = named[choice]
-        st.text_input(text, value=_value(key + "_path"), key=_key(key + "_path"), placeholder=placeholder)
+        st.text_input(text, placeholder=placeholder, **_bound(key + "_path"))
 
 
 def _select(where, label: str, options: list, field: str, **kw):
@@ -133,22 +138,19 @@ def _select(where, label: str, options: list, field: str, **kw):
 
 
 def _number(where, label: str, field: str, **kw):
-    return where.number_input(label, value=_value(field), key=_key(field), **kw)
+    return where.number_input(label, **_bound(field), **kw)
 
 
 def _stage_budget(stage: str, title: str, lr_help: str, problems, lora_rank: bool = False) -> None:
     """The budget inputs of ``stage`` (``stage1`` or ``stage2``) and its problems."""
-    def field(name: str) -> dict:
-        return {"value": _value(f"{stage}.{name}"), "key": _key(f"{stage}.{name}")}
-
-    st.checkbox(title, **field("enabled"))
+    st.checkbox(title, **_bound(f"{stage}.enabled"))
     a, b = st.columns(2)
-    a.number_input("Steps", step=10, **field("steps"))
-    b.text_input("Learning rate", help=lr_help, **field("lr"))
-    a.number_input("Gradient accumulation", step=1, **field("grad_accum"))
+    _number(a, "Steps", f"{stage}.steps", step=10)
+    b.text_input("Learning rate", help=lr_help, **_bound(f"{stage}.lr"))
+    _number(a, "Gradient accumulation", f"{stage}.grad_accum", step=1)
     if lora_rank:
-        b.number_input("LoRA rank", step=1, help="recipe 8 (alpha 16)", **field("rank"))
-    b.number_input("Validate every", step=10, **field("eval_every"))
+        _number(b, "LoRA rank", f"{stage}.rank", step=1, help="recipe 8 (alpha 16)")
+    _number(b, "Validate every", f"{stage}.eval_every", step=10)
     _problems_for(stage, problems)
 
 
@@ -216,8 +218,7 @@ def _form(problems) -> None:
             help="the first tokens stay in every query's softmax window, never linear (attention sinks); "
                  "the paper uses 0")
     layers = c1.text_input(
-        "Layers kept as softmax", value=_value("attention.softmax_layers"), key=_key("attention.softmax_layers"),
-        placeholder="e.g. 0, 15, or auto",
+        "Layers kept as softmax", placeholder="e.g. 0, 15, or auto", **_bound("attention.softmax_layers"),
         help="comma-separated layer indices that keep their original attention (hybrid model), or "
              f"{forms.AUTO}: after stage 1 every converted layer is scored and the highest-scoring ones get "
              "their softmax attention back")

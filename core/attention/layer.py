@@ -188,6 +188,11 @@ class LolcatsAttention(nn.Module):
         """``"teacher"`` inside a :func:`teacher_attention` block naming this layer (this thread only), else ``"student"``."""
         return "teacher" if id(self) in _TEACHER_LAYERS.get() else "student"
 
+    @property
+    def rule(self) -> WindowRule:
+        """The layer's window rule (kind, window, sink tokens), as every form of the op takes it."""
+        return WindowRule(self.kind, self.window_size, self.sink_tokens)
+
     def extra_repr(self) -> str:
         sinks = f", sink_tokens={self.sink_tokens}" if self.sink_tokens else ""
         norm = f", history_norm={self.history_norm}" if self.history_norm != "none" else ""
@@ -257,7 +262,7 @@ class LolcatsAttention(nn.Module):
         """Outputs of a whole prompt from an empty state, and the state it leaves (None unless
         ``keep_state``); ``q_in``, ``k_in``: what the feature maps read (:meth:`project`)."""
         qf, kf = self.features(q_in, k_in, mask)
-        rule = WindowRule(self.kind, self.window_size, self.sink_tokens)
+        rule = self.rule
         y = hybrid_attention(q, k, v, qf, kf, self.mix, rule, mask, self.scaling, decay=self.log_decay())
         if not keep_state:
             return y, None
@@ -292,21 +297,19 @@ class LolcatsAttention(nn.Module):
         key_features = lambda keys: self.feature_map_k(repeat_kv(keys, self.num_key_value_groups))
         if L > 1:
             qf, kf = self.features(q_in, k_in, valid, layer.state)
-            rule = WindowRule(self.kind, self.window_size, self.sink_tokens)
-            out = dispatch.prefill_chunk(layer.state, rule, q, k, v, qf, kf, self.mix, valid, key_features, self.scaling,
-                                         self.log_decay(), self.own_keys(k_in))
+            out = dispatch.prefill_chunk(layer.state, self.rule, q, k, v, qf, kf, self.mix, valid, key_features,
+                                         self.scaling, self.log_decay(), self.own_keys(k_in))
             if out is not None:
                 y, layer.state = out
                 return y
         else:
             qf = self.query_features(q_in, valid, layer.state)
         outs = []
-        decay, k_own = self.log_decay(), self.own_keys(k_in)
+        decay, k_own, rule = self.log_decay(), self.own_keys(k_in), self.rule
         for t in range(L):
             y, layer.state = dispatch.decode_step(
-                layer.state, WindowRule(self.kind, self.window_size, self.sink_tokens),
-                q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], qf[:, :, t : t + 1], self.mix, valid[:, t],
-                key_features, self.scaling, decay,
+                layer.state, rule, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], qf[:, :, t : t + 1],
+                self.mix, valid[:, t], key_features, self.scaling, decay,
                 None if k_own is None else k_own[:, :, t : t + 1],
             )
             outs.append(y)

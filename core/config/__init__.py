@@ -35,7 +35,7 @@ from core.config.schema import (
     stored_config,
     validation_problems,
 )
-from core.config.tree import FieldChange, config_diff, deep_merge, set_dotted
+from core.config.tree import FieldChange, config_diff, deep_merge, get_dotted, set_dotted
 
 __all__ = [
     "BUNDLED_MODEL",
@@ -69,6 +69,7 @@ __all__ = [
     "read_yaml_mapping",
     "parse_yaml_mapping",
     "config_fields",
+    "get_dotted",
     "set_dotted",
     "stored_attention",
     "stored_config",

@@ -15,6 +15,13 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
     return out
 
 
+def get_dotted(config: Mapping[str, Any], path: str) -> Any:
+    """The field at dotted ``path`` (``"attention.window_size"``) of ``config`` (``KeyError`` when absent)."""
+    for part in path.split("."):
+        config = config[part]
+    return config
+
+
 def set_dotted(config: Mapping[str, Any], path: str, value: Any) -> dict[str, Any]:
     """``config`` with the field at dotted ``path`` (``"attention.window_size"``) set to ``value``.
 

@@ -17,6 +17,7 @@ from core.config import (
     build_spec,
     config_diff,
     deep_merge,
+    get_dotted,
     set_dotted,
 )
 from kernels.hybrid.window import KINDS
@@ -49,8 +50,11 @@ def test_build_spec_names_the_field_under_its_prefix():
         build_spec(AttentionSpec, {"kind": "quadratic"}, "linearize")
 
 
-def test_deep_merge_and_set_dotted():
+def test_deep_merge_and_dotted_paths():
     base = {"a": {"b": 1, "c": 2}, "d": 3}
+    assert (get_dotted(base, "a.c"), get_dotted(base, "d")) == (2, 3)
+    with pytest.raises(KeyError):
+        get_dotted(base, "a.x")
     assert deep_merge(base, {"a": {"b": 5}}) == {"a": {"b": 5, "c": 2}, "d": 3}
     assert deep_merge(base, {"a": 7}) == {"a": 7, "d": 3}
     assert set_dotted(base, "a.c", 9) == {"a": {"b": 1, "c": 9}, "d": 3}

@@ -82,15 +82,20 @@ def test_chat_on_an_export_answers_as_its_base_model(cli, exported, workspace, m
     assert (wrong - teacher).abs().max() > 1e-3  # the wrong teacher would show
 
 
+def _copy_with_meta(out, copy, edit) -> None:
+    """A copy of the export ``out`` at ``copy`` whose ``lolcats.json`` ``edit`` (a function of the dict) changed."""
+    copy.mkdir()
+    for file in out.iterdir():
+        (copy / file.name).write_bytes(file.read_bytes())
+    meta = json.loads((copy / EXPORT_CONFIG).read_text())
+    edit(meta)
+    (copy / EXPORT_CONFIG).write_text(json.dumps(meta))
+
+
 def test_missing_base_model_says_the_teacher_is_unavailable(cli, exported, workspace, tmp_path):
     _, _, out = exported
     moved = tmp_path / "moved"
-    moved.mkdir()
-    for file in out.iterdir():
-        (moved / file.name).write_bytes(file.read_bytes())
-    meta = json.loads((moved / EXPORT_CONFIG).read_text())
-    meta["base_model"]["source"] = str(tmp_path / "gone")
-    (moved / EXPORT_CONFIG).write_text(json.dumps(meta))
+    _copy_with_meta(out, moved, lambda meta: meta["base_model"].update(source=str(tmp_path / "gone")))
 
     model, _, _ = load_converted(moved, device="cpu", workspace=workspace)
     problem = teacher_problem(model)
@@ -118,12 +123,7 @@ def test_an_export_written_before_the_attention_key_loads_the_same(exported, wor
     """``lolcats.json`` named the attention spec ``linearize`` before it took the config's name."""
     _, _, out = exported
     old = tmp_path / "old"
-    old.mkdir()
-    for file in out.iterdir():
-        (old / file.name).write_bytes(file.read_bytes())
-    meta = json.loads((old / EXPORT_CONFIG).read_text())
-    meta["linearize"] = meta.pop("attention")
-    (old / EXPORT_CONFIG).write_text(json.dumps(meta))
+    _copy_with_meta(out, old, lambda meta: meta.update(linearize=meta.pop("attention")))
     now, tokenizer, _ = load_converted(out, device="cpu", workspace=workspace)
     before, _, _ = load_converted(old, device="cpu", workspace=workspace)
     assert before.attention_spec == now.attention_spec
