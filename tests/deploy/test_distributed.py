@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -144,8 +145,11 @@ def test_stage2_data_parallel_equals_one_process_with_the_same_global_batch(stag
 
 
 def held_elements(output: str, rank: int) -> tuple[int, int]:
-    line = next(ln for ln in output.splitlines() if ln.startswith(f"[rank {rank}] stage2: sharded"))
-    held, total = line.split("holds ")[1].split(" parameter")[0].split(" of ")
+    """Parse ``[rank R] stage2: sharded ... holds H of T parameter elements``. The two processes share one
+    stderr, so the line may follow another process's unterminated progress bar: search, don't anchor."""
+    found = re.search(rf"\[rank {rank}\] stage2: sharded.*?holds ([\d,]+) of ([\d,]+) parameter", output)
+    assert found, f"no stage 2 sharding line from rank {rank} in:\n{output[-4000:]}"
+    held, total = found.groups()
     return int(held.replace(",", "")), int(total.replace(",", ""))
 
 
