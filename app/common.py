@@ -23,6 +23,7 @@ from app.charts import RATIO_FORMAT
 from app.navigation import page
 from app.progress import PACE_METRICS, estimate_seconds, overall_progress, pace, seconds_per_unit
 from core.config import PRESET_DESCRIPTIONS, preset
+from core.io import read_json_object
 from core.run_folder import CONFIG_FILE, EXPORT_CONFIG, REPORT_FILE, STAGE_LABELS, is_export, is_run
 from core.workspace import workspace_root
 from jobs import api
@@ -139,10 +140,10 @@ def _outside_folders(root: Path, known: set[Path]) -> list[Path]:
 
 def _folder_conversion(root: Path, folder: Path) -> Conversion:
     exported = is_export(folder)
-    meta = read_json(folder / (EXPORT_CONFIG if exported else CONFIG_FILE)) or {}
+    meta = read_json_object(folder / (EXPORT_CONFIG if exported else CONFIG_FILE)) or {}
     where = folder.relative_to(root).as_posix()
     return Conversion(where, "export" if exported else "run", folder, meta.get("config", {}) if exported else meta,
-                      name=where, result=None if exported else read_json(folder / REPORT_FILE))
+                      name=where, result=None if exported else read_json_object(folder / REPORT_FILE))
 
 
 def conversions() -> list[Conversion]:
@@ -373,22 +374,11 @@ def progress_fraction(job: JobInfo) -> float | None:
 # ----------------------------------------------------------------------------------------------
 
 
-def read_json(path: Path | None) -> dict | None:
-    """The JSON object in ``path``, or None (no file, not JSON, not an object); never raises."""
-    if path is None or not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def report(job: JobInfo) -> dict | None:
     """The job's report (result column or ``report.json``), or None; never raises on a bad file."""
     if job.result is not None:
         return job.result
-    return read_json(job.run_dir / REPORT_FILE if job.run_dir else None)
+    return read_json_object(job.run_dir / REPORT_FILE if job.run_dir else None)
 
 
 def long_context(result: dict | None) -> dict | None:

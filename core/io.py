@@ -52,6 +52,18 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.load(f)
 
 
+def read_json_object(path: str | os.PathLike | None) -> dict | None:
+    """The JSON object in ``path``, or None (no path, no file, unreadable, not JSON, not an object);
+    never raises: for files a reader may find missing, half-made by another program, or edited by hand."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def is_oom(exc: BaseException) -> bool:
     """True for the ways running out of memory surfaces: Python's MemoryError, torch's
     OutOfMemoryError (CUDA), and the RuntimeError a CPU allocator raises. Reads torch only if it

@@ -11,21 +11,9 @@ call. The run function must checkpoint into ``run_dir``, resume from the checkpo
 there, and, when ``progress.should_stop()`` returns True between steps, checkpoint and raise
 :class:`core.progress.StopRequested`.
 
-Adding a kind is one call. When the core function has extra parameters, the entry points at a
-three-line adapter, e.g. for the conversion (``core.pipeline.convert.run_convert(config, output, progress,
-resume, workspace)``)::
-
-    def run_convert(config, run_dir, progress):
-        from core.pipeline.convert import run_convert   # torch loads here, in the job process only
-        return run_convert(config, run_dir, progress, resume=True, workspace=Path.cwd())
-
-    register_kind(JobKind(
-        name="convert",
-        config_model="core.config:ConvertConfig",
-        run=run_convert,
-        description="Linearize a model's attention (stage 1 + stage 2 + evaluation).",
-        resume_safe=frozenset(),   # top-level fields a resume may change
-    ))
+Adding a kind is one call, :func:`register_kind`. When the core function has extra parameters, the
+entry points at a three-line adapter that imports the core function inside its body, so torch loads
+in the job process only: the ``convert`` and ``budgets`` kinds below are the pattern.
 
 ``resume_safe`` lists the top-level config fields a resume may change (pacing, logging, fault injection);
 a change to any other field changes what was trained and makes resume refuse, showing the diff.

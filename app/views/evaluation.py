@@ -14,6 +14,7 @@ import streamlit as st
 from app import charts, common
 from core.cli.evaluate import EVAL_FILE
 from core.export.card import length_table
+from core.io import read_json_object
 from jobs.records import JobInfo
 
 EVALUATE = "evaluate"  # job kind of an evaluation (jobs.kinds.run_evaluate_job)
@@ -116,7 +117,7 @@ def _long_context_sources(job: common.Conversion) -> list[tuple[str, dict]]:
     found = [(f"evaluate job #{ev.id}", common.long_context(common.report(ev)))
              for ev in common.list_jobs(kind=EVALUATE, status="succeeded")
              if (common.workspace() / ev.config.get("run", "")).resolve() == here]
-    found += [(f"`lolcats eval` ({EVAL_FILE})", common.long_context(common.read_json(job.run_dir / EVAL_FILE))),
+    found += [(f"`lolcats eval` ({EVAL_FILE})", common.long_context(read_json_object(job.run_dir / EVAL_FILE))),
               ("the conversion's report", common.long_context(common.report(job)))]
     return [(where, section) for where, section in found if section]
 

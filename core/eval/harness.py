@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import json
 import math
 import os
 import time
@@ -35,7 +34,7 @@ from typing import Any
 from core.config import ConfigError
 from core.eval.metrics import teacher_context
 from core.eval.pairing import CI_METHOD, paired_difference, paired_items
-from core.io import atomic_write_json
+from core.io import atomic_write_json, read_json_object
 from core.progress import NullProgress, ProgressCallback, StopRequested
 from core.run_folder import STUDENT_TASKS, TEACHER_TASKS
 
@@ -293,10 +292,5 @@ def _evaluate_batch(lm, model, tasks: dict[str, int | None], limit, manager, pro
 
 def _read_cache(path: Path | None, tasks: dict[str, int | None], limit) -> dict[str, Any] | None:
     """A saved task's entries when ``path`` holds them for the same few-shot count and limit."""
-    if path is None or not path.is_file():
-        return None
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return saved if saved.get("tasks") == tasks and saved.get("limit") == limit else None
+    saved = read_json_object(path)
+    return saved if saved is not None and saved.get("tasks") == tasks and saved.get("limit") == limit else None
