@@ -10,6 +10,7 @@ the bundled SmolLM2, which answers in words)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -58,7 +59,7 @@ def running_app(workspace):
 
 
 @pytest.fixture
-def page(running_app):
+def page(running_app, request):
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -70,8 +71,10 @@ def page(running_app):
             pg.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
             pg.set_default_timeout(60_000)
             yield pg
-        finally:
+        finally:  # what the page showed last: the first thing to read when a step timed out
             (ARTIFACTS / "console.log").write_text("\n".join(console))
+            with contextlib.suppress(Exception):
+                pg.screenshot(path=str(ARTIFACTS / f"last-page-{request.node.name}.png"), full_page=True, timeout=10_000)
             browser.close()
 
 
