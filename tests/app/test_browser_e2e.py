@@ -182,8 +182,10 @@ def _export_and_reuse(page, workspace, job_id: int) -> None:
     page.get_by_role("heading", name="Launch a conversion").wait_for()
     page.get_by_text(f"job #{job_id}").first.wait_for()  # "Based on job #1 ...": the form holds its config
     _idle(page, 120_000)
-    page.get_by_test_id("stRadio").filter(has_text="Training data").get_by_text(
-        "Local json / jsonl / parquet / txt file").click()
+    local_file = page.get_by_test_id("stRadio").filter(has_text="Training data").get_by_text(
+        "Local json / jsonl / parquet / txt file")
+    local_file.wait_for(timeout=120_000)  # the Launch page draws the whole form: slow on a loaded machine
+    local_file.click()
     path = page.get_by_label("File path")
     path.wait_for(timeout=120_000)
     path.fill("/no/such/rows.jsonl")
