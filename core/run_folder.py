@@ -15,11 +15,11 @@ from pathlib import Path
 CONFIG_FILE = "config.json"
 REPORT_FILE = "report.json"
 EXPORT_CONFIG = "lolcats.json"
-STAGE_DIRS = ("stage1", "stage2")
 
 # progress stages (core.progress.ProgressCallback.on_step) in the order a conversion runs them, with
 # what the workbench calls them; a benchmark reports BENCH
 TEACHER_EVAL, STAGE1, STAGE2 = "teacher_eval", "stage1", "stage2"
+STAGE_DIRS = (STAGE1, STAGE2)  # a trained stage's checkpoints sit in the folder of its name
 STUDENT_EVAL, STUDENT_VAL = "student_eval", "student_val"
 LONG_CONTEXT, LONG_CONTEXT_PASSKEY = "long_context", "long_context_passkey"
 TEACHER_TASKS, STUDENT_TASKS = "teacher_tasks", "student_tasks"

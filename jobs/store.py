@@ -317,6 +317,11 @@ class RunningJob:
     started_at: datetime | None
     cancel_requested_at: datetime | None
 
+    def silent_seconds(self, now: datetime) -> float:
+        """Seconds since the job last showed life (its heartbeat, else its start); inf when it never did."""
+        beat = self.heartbeat_at or self.started_at
+        return (now - beat).total_seconds() if beat else math.inf
+
 
 def running_jobs(db: Database, worker_id: str | None = None) -> list[RunningJob]:
     def txn(s: Session) -> list[RunningJob]:

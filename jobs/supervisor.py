@@ -141,6 +141,11 @@ def process_alive(pid: int, create_time: int | None = None) -> bool:
         return True
 
 
+def owner_gone(owner: tuple[str, int, int] | None, host: str) -> bool:
+    """The supervisor ``owner`` (:func:`parse_worker_id`) ran on ``host`` and its process is gone."""
+    return owner is not None and owner[0] == host and not process_alive(owner[1], owner[2])
+
+
 class Supervisor:
     """The loop of the module docstring over one executor (``lolcats worker [--executor ray]``)."""
 

@@ -35,7 +35,6 @@ import os
 import signal
 import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import psutil
@@ -45,7 +44,7 @@ from jobs import store
 from jobs.db import DB_URL_ENV, Database
 from jobs.models import utcnow
 from jobs.runner import EXIT_STOPPED, SUPERVISOR_ENV
-from jobs.supervisor import (ALIVE, Attempt, Poll, Supervisor, SupervisorOptions, parse_worker_id,
+from jobs.supervisor import (ALIVE, Attempt, Poll, Supervisor, SupervisorOptions, owner_gone, parse_worker_id,
                              process_alive)
 
 log = logging.getLogger("jobs.worker")
@@ -188,11 +187,9 @@ class LocalExecutor:
                 continue
             owner = parse_worker_id(job.worker_id)
             same_host = owner is not None and owner[0] == supervisor.host
-            owner_dead = owner is None or (same_host and not process_alive(owner[1], owner[2]))
-            beat = job.heartbeat_at or job.started_at
-            silent_for = (now - beat) if beat else timedelta.max
-            stale = silent_for > timedelta(seconds=stale_after)
-            if not (owner_dead or stale):
+            owner_dead = owner is None or owner_gone(owner, supervisor.host)
+            silent = job.silent_seconds(now)
+            if not (owner_dead or silent > stale_after):
                 continue
             alive = same_host and runner_alive(job.pid, job.id)
             if alive:
@@ -202,7 +199,7 @@ class LocalExecutor:
                 reason = (f"worker {job.worker_id} is no longer running; the job process {job.pid} {gone}; "
                           "resume continues from the last checkpoint")
             else:
-                reason = (f"no heartbeat for {silent_for.total_seconds():.0f} s (limit {stale_after:g} "
+                reason = (f"no heartbeat for {silent:.0f} s (limit {stale_after:g} "
                           "s): the job process hung or died; resume continues from the last checkpoint")
             if store.mark_interrupted(db, job.id, job.attempt, reason):
                 log.warning("job %s interrupted: %s", job.id, reason)

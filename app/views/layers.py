@@ -10,6 +10,7 @@ import streamlit as st
 
 from app import charts, common, forms
 from core.pipeline.budget_table import score_name
+from core.run_folder import STAGE1, STAGE2
 from jobs import api
 from jobs.records import JobInfo, MetricPoint
 
@@ -97,11 +98,11 @@ def _job_view(job_id: int) -> None:
         st.info("Each layer's training MSE appears after stage 1's first step.")
     _validation_view(job, val, log_y, expanded=not train)
     c1, c2 = st.columns(2)
-    s1 = _series(points, "stage1", ("mse", "val_mse"))
+    s1 = _series(points, STAGE1, ("mse", "val_mse"))
     if s1:
         c1.plotly_chart(charts.stage_curves(s1, title="Stage 1: mean attention MSE", y_title="MSE", log_y=log_y),
                         key="layers_stage1")
-    s2 = _series(points, "stage2", ("loss", "val_loss"))
+    s2 = _series(points, STAGE2, ("loss", "val_loss"))
     if s2:
         c2.plotly_chart(charts.stage_curves(s2, title="Stage 2: next-token loss", y_title="cross-entropy"),
                         key="layers_stage2")
@@ -176,7 +177,7 @@ def _compare(jobs: list[JobInfo]) -> None:
                      "window": attn.get("window_size"), "softmax layers": ", ".join(map(str, kept[label])) or "none",
                      "teacher ppl": result.get("teacher_ppl"), "student ppl": result.get("student_ppl"),
                      "ratio": result.get("ppl_ratio"), "mean layer MSE": _converted_mean(bars.get(label), kept[label])})
-        val = [(p.step, p.value) for p in common.latest_attempt(api.job_metrics(job.id, name="val_mse", stage="stage1",
+        val = [(p.step, p.value) for p in common.latest_attempt(api.job_metrics(job.id, name="val_mse", stage=STAGE1,
                                                                                 **common.ws()))
                if p.layer is None and p.value is not None]
         if val:

@@ -20,13 +20,14 @@ from pathlib import Path
 from core.cli.common import PRESET_HELP, SET_HELP, WORKSPACE_HELP, exit_status, run_path
 from core.config import ConfigError, load_config
 from core.pipeline.distributed import STRATEGIES, run_stage1, run_stage2
+from core.run_folder import STAGE1, STAGE_DIRS
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m core.cli.distributed",
         description="Run one conversion stage across the processes of a torchrun / accelerate launch.")
-    parser.add_argument("stage", choices=["stage1", "stage2"])
+    parser.add_argument("stage", choices=STAGE_DIRS)
     parser.add_argument("--config", type=Path, default=None, help="YAML run config (sections as for lolcats convert)")
     parser.add_argument("--preset", default=None, help=PRESET_HELP)
     parser.add_argument("--set", dest="sets", action="append", default=[], help=SET_HELP)
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("give --config CONFIG.yaml or --preset NAME")
         config = load_config(args.config, args.preset, overrides=args.sets)
         output = run_path(args.output, args.workspace, "run")
-        if args.stage == "stage1":
+        if args.stage == STAGE1:
             if args.strategy is not None:
                 raise ConfigError("--strategy is for stage 2; stage 1 is block-wise: each process trains whole "
                                   "blocks of layers on its own")

@@ -219,7 +219,7 @@ def run_stage1(config: ConvertConfig, output: str | os.PathLike, workspace: str 
             result = {"blocks": {name: r for part in everyone for name, r in part.items()}, "ranks": shares}
             save_stage_summary(output, STAGE1, {"blocks": result["blocks"]})
             progress.on_log(f"stage1: {len(result['blocks'])} blocks from {group.world_size} process(es) gathered "
-                            f"into {output / 'stage1' / 'best'}")
+                            f"into {output / STAGE1 / 'best'}")
         group.barrier()  # nobody leaves before stage1/best exists
         return result
     finally:

@@ -24,6 +24,7 @@ from core.workspace import ENV_VAR as WORKSPACE_ENV
 
 from jobs import store
 from jobs.db import DB_URL_ENV, open_db, schema_version
+from jobs.executors.ray_jobs import WORKER_PREFIX
 from jobs.models import utcnow
 from jobs.supervisor import parse_worker_id
 
@@ -86,12 +87,11 @@ def check(workspace: str | None = None, db_url: str | None = None, stale_after: 
     now = utcnow()
     ours = 0
     for job in store.running_jobs(db):
-        owner = parse_worker_id((job.worker_id or "").removeprefix("ray:"))
+        owner = parse_worker_id((job.worker_id or "").removeprefix(WORKER_PREFIX))
         if owner is None or owner[0] != host:
             continue
         ours += 1
-        beat = job.heartbeat_at or job.started_at
-        silent = (now - beat).total_seconds() if beat else float("inf")
+        silent = job.silent_seconds(now)
         if silent > stale_after:
             return False, f"job {job.id} has had no heartbeat for {silent:.0f} s (limit {stale_after:g} s)"
     return True, f"ok: worker pid {', '.join(map(str, pids))}; database schema v{version}; {ours} running job(s)"

@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import shlex
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +43,8 @@ from jobs.db import DB_URL_ENV, Database
 from jobs.errors import JobsError
 from jobs.models import JobStatus, utcnow
 from jobs.runner import SUPERVISOR_ENV
-from jobs.supervisor import (ALIVE, PENDING, Attempt, Poll, Supervisor, SupervisorOptions, parse_worker_id,
-                             process_alive)
+from jobs.supervisor import (ALIVE, PENDING, Attempt, Poll, Supervisor, SupervisorOptions, owner_gone,
+                             parse_worker_id)
 from jobs.worker import PROJECT_ROOT
 
 log = logging.getLogger("jobs.executors.ray")
@@ -238,10 +237,8 @@ class RayExecutor:
             if job.id in supervisor.tracked or wid == supervisor.id or not wid.startswith(WORKER_PREFIX):
                 continue
             owner = parse_worker_id(wid[len(WORKER_PREFIX):])
-            owner_dead = owner is not None and owner[0] == supervisor.host and not process_alive(owner[1], owner[2])
-            beat = job.heartbeat_at or job.started_at
-            stale = beat is None or now - beat > timedelta(seconds=supervisor.options.stale_after)
-            if not (owner_dead or stale):
+            owner_dead = owner_gone(owner, supervisor.host)
+            if not (owner_dead or job.silent_seconds(now) > supervisor.options.stale_after):
                 continue
             sid = submission_id(job.id, job.attempt)
             supervisor.tracked[job.id] = Attempt(job.id, job.attempt, sid, db.workspace / f"runs/{job.id}")
