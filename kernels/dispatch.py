@@ -25,6 +25,7 @@ import torch
 from kernels.hybrid import recurrent_torch
 from kernels.hybrid.carry import prefill_chunk
 from kernels.hybrid.chunk_torch import hybrid_attention_torch
+from kernels.hybrid.heads import query_heads
 from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, prefill_state
 from kernels.hybrid.window import WindowRule
 
@@ -191,17 +192,19 @@ def check_inputs(q, k, v, q_feat, k_feat, mix, rule, attention_mask=None, decay=
         raise ValueError(f"k and v must be [B, H_kv, L, d] = [{B}, H_kv, {L}, {d}]; got {tuple(k.shape)}, {tuple(v.shape)}")
     if H % k.shape[1] != 0:
         raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({k.shape[1]})")
-    if q_feat.shape[:3] != (B, H, L) or k_feat.shape != q_feat.shape:
+    Hs = k_feat.shape[1] if k_feat.dim() == 4 else -1
+    if q_feat.dim() != 4 or q_feat.shape[:3] != (B, H, L) or Hs not in (H, k.shape[1]) \
+            or k_feat.shape != (B, Hs, L, q_feat.shape[-1]):
         raise ValueError(
-            f"q_feat and k_feat must be [B, H, L, F] with B, H, L = {B}, {H}, {L}; "
-            f"got {tuple(q_feat.shape)}, {tuple(k_feat.shape)}"
+            f"q_feat must be [B, H, L, F] and k_feat [B, H, L, F] or [B, H_kv, L, F] with B, H, H_kv, L = "
+            f"{B}, {H}, {k.shape[1]}, {L}; got {tuple(q_feat.shape)}, {tuple(k_feat.shape)}"
         )
     if mix.shape != (H,):
         raise ValueError(f"mix must have shape [H] = [{H}]; got {tuple(mix.shape)}")
     if attention_mask is not None and attention_mask.shape != (B, L):
         raise ValueError(f"attention_mask must be [B, L] = [{B}, {L}]; got {tuple(attention_mask.shape)}")
-    if decay is not None and decay.shape != (H,):
-        raise ValueError(f"decay must have shape [H] = [{H}]; got {tuple(decay.shape)}")
+    if decay is not None and decay.shape != (Hs,):
+        raise ValueError(f"decay must have one rate per head of k_feat, [{Hs}]; got {tuple(decay.shape)}")
 
 
 def hybrid_attention(
@@ -234,8 +237,10 @@ def hybrid_attention(
         q: ``[B, H, L, d]`` queries after RoPE.
         k, v: ``[B, H_kv, L, d]`` keys (after RoPE) and values; H must be a multiple of H_kv
             (grouped-query attention; do not repeat them).
-        q_feat, k_feat: ``[B, H, L, F]`` feature maps phi_q(q), phi_k(k) per query head; must be
-            non-negative.
+        q_feat: ``[B, H, L, F]`` feature map phi_q(q) per query head; must be non-negative.
+        k_feat: ``[B, H, L, F]`` feature map phi_k(k) per query head, or ``[B, H_kv, L, F]`` per
+            key/value head, shared by the group's query heads (``kernels/hybrid/heads.py``);
+            must be non-negative.
         mix: ``[H]`` mixing logits; the window weight is sigmoid(mix). Ignored by ``linear``.
         rule: the window rule, :class:`kernels.hybrid.window.WindowRule` ``(kind, window_size,
             sinks)``: the kind (``linear``, ``sliding_window`` or ``terraced``), w, the window
@@ -246,7 +251,7 @@ def hybrid_attention(
             nothing; outputs at padded queries are unspecified (finite). Window and tile
             positions count from each row's first real token. Default: ``None`` (no padding).
         scale: score scale. Default: ``None`` (``d ** -0.5``).
-        decay: ``[H]`` log gamma_h <= 0: history key j of query n weighted by
+        decay: ``[H_s]`` log gamma_h <= 0, one per head of ``k_feat``: history key j of query n weighted by
             gamma_h^(window_start(p_n) - 1 - p_j). Default: ``None`` (no decay, the paper's).
         backend: ``auto``, ``triton`` or ``torch`` (module docstring). Default: ``None`` (the
             process's choice, :func:`set_backend` or ``LOLCATS_KERNELS``).
@@ -265,6 +270,8 @@ def hybrid_attention(
         y = hybrid_attention(q, k, v, q_feat, k_feat, mix, rule, attention_mask)
     """
     check_inputs(q, k, v, q_feat, k_feat, mix, rule, attention_mask, decay)
+    H = q.shape[1]
+    k_feat, decay = query_heads(k_feat, H), query_heads(decay, H, dim=0)  # the parallel forms read per query head
     signature = _signature(rule.kind, q, q_feat, decay)
     name = _chunk_only_backend(backend, rule.sinks) or select_backend(q.device, backend, signature)
     if name == "triton":

@@ -39,6 +39,13 @@ positions, the history carries none, and the student, like the teacher, depends 
 positions only. The recurrent state then keeps the window's keys before RoPE as well, for the
 feature map of the keys it folds.
 
+Where the key feature map lives (``key_map_heads``, a deviation from the paper with ``"kv"``):
+``"query"``, the paper's, one phi_k per query head (the G query heads of a key/value head map the
+same keys G ways, and the decode state keeps S, z per query head); ``"kv"``, one phi_k per
+key/value head, shared by its G query heads, whose own phi_q read one S, z per key/value head: G
+times fewer state bytes (``kernels.hybrid.heads``). A decay then decays that shared state, so its
+rates come per key/value head too.
+
 Modes (``module.mode``, read-only):
   * ``"student"``: LoLCATs attention (the converted model), everywhere outside a teacher block;
   * ``"teacher"``: inside ``with teacher_attention(modules):``, in that thread (context) only, the
@@ -77,6 +84,7 @@ from kernels.hybrid.window import WindowRule, window_start
 MODES = ("student", "teacher")
 HISTORY_NORMS = ("none", "power", "decay")
 FEATURE_POSITIONS = ("rotary", "none")
+KEY_MAP_HEADS = ("query", "kv")
 
 
 def query_positions(mask: torch.Tensor | None, state: HybridState | None, B: int, L: int, device) -> torch.Tensor:
@@ -145,11 +153,12 @@ class LolcatsAttention(nn.Module):
         num_heads: int,
         num_kv_heads: int,
         padding: PaddingMask,
-        sink_tokens: int = 0,
-        history_norm: str = "none",
-        init_history_power: float = 0.5,
-        init_history_decay: float = 0.995,
-        feature_positions: str = "rotary",
+        sink_tokens: int,
+        history_norm: str,
+        init_history_power: float,
+        init_history_decay: float,
+        feature_positions: str,
+        key_map_heads: str,
     ):
         super().__init__()
         for name in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
@@ -166,8 +175,13 @@ class LolcatsAttention(nn.Module):
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.kind, self.window_size, self.sink_tokens = kind, window_size, sink_tokens
         device = base.q_proj.weight.device
+        if key_map_heads not in KEY_MAP_HEADS:
+            raise ValueError(f"unknown key_map_heads {key_map_heads!r}; valid: {', '.join(KEY_MAP_HEADS)}")
+        self.key_map_heads = key_map_heads
+        self.state_heads = num_kv_heads if key_map_heads == "kv" else num_heads  # H_s: heads of phi_k and of S, z
         self.feature_map_q = build_feature_map(feature_map, num_heads, self.head_dim, feature_dim, feature_init).to(device)
-        self.feature_map_k = build_feature_map(feature_map, num_heads, self.head_dim, feature_dim, feature_init).to(device)
+        self.feature_map_k = build_feature_map(feature_map, self.state_heads, self.head_dim, feature_dim,
+                                               feature_init).to(device)
         self.mix = nn.Parameter(torch.full((num_heads,), math.log(init_mix / (1 - init_mix)), device=device))
         if history_norm not in HISTORY_NORMS:
             raise ValueError(f"unknown history_norm {history_norm!r}; valid: {', '.join(HISTORY_NORMS)}")
@@ -178,9 +192,9 @@ class LolcatsAttention(nn.Module):
         if history_norm == "power":  # alpha_h = sigmoid(history_power_h) = init_history_power at start
             logit = math.log(init_history_power / (1 - init_history_power))
             self.history_power = nn.Parameter(torch.full((num_heads,), logit, device=device))
-        if history_norm == "decay":  # gamma_h = sigmoid(history_decay_h) = init_history_decay at start
+        if history_norm == "decay":  # gamma_h = sigmoid(history_decay_h) = init_history_decay at start, per state head
             logit = math.log(init_history_decay / (1 - init_history_decay))
-            self.history_decay = nn.Parameter(torch.full((num_heads,), logit, device=device))
+            self.history_decay = nn.Parameter(torch.full((self.state_heads,), logit, device=device))
         self.padding = padding
 
     @property
@@ -197,7 +211,7 @@ class LolcatsAttention(nn.Module):
         sinks = f", sink_tokens={self.sink_tokens}" if self.sink_tokens else ""
         norm = f", history_norm={self.history_norm}" if self.history_norm != "none" else ""
         return (f"kind={self.kind}, window_size={self.window_size}{sinks}{norm}, "
-                f"heads={self.num_heads}/{self.num_kv_heads}")
+                f"heads={self.num_heads}/{self.num_kv_heads}, key_map_heads={self.key_map_heads}")
 
     def trained_parameters(self) -> list[nn.Parameter]:
         """What conversion adds to the layer and trains: feature maps, mixing factors and the
@@ -207,7 +221,8 @@ class LolcatsAttention(nn.Module):
         return [*self.feature_map_q.parameters(), *self.feature_map_k.parameters(), self.mix, *extra]
 
     def log_decay(self) -> torch.Tensor | None:
-        """log gamma_h ``[H]`` of the decaying history (None unless ``history_norm`` is ``"decay"``)."""
+        """log gamma_h ``[H_s]`` of the decaying history, one per state head (None unless
+        ``history_norm`` is ``"decay"``)."""
         return torch.nn.functional.logsigmoid(self.history_decay) if self.history_norm == "decay" else None
 
     def project(self, hidden_states, position_embeddings):
@@ -228,9 +243,14 @@ class LolcatsAttention(nn.Module):
         return q, k, v, q_in, k_in
 
     def features(self, q, k, mask: torch.Tensor | None = None, state: HybridState | None = None):
-        """phi_q(q) (times the history scale r(n), :meth:`query_features`) and phi_k(k) per query
-        head: [B, H, L, F] each (keys repeated for the map only)."""
-        return self.query_features(q, mask, state), self.feature_map_k(repeat_kv(k, self.num_key_value_groups))
+        """phi_q(q) (times the history scale r(n), :meth:`query_features`) [B, H, L, F] and phi_k(k)
+        [B, H_s, L, F] (:meth:`key_features`)."""
+        return self.query_features(q, mask, state), self.key_features(k)
+
+    def key_features(self, k):
+        """phi_k(k) [B, H_s, L, F] of keys k [B, H_kv, L, d]: per query head (the keys repeated for the
+        map only) or, with ``key_map_heads`` ``"kv"``, per key/value head (``kernels.hybrid.heads``)."""
+        return self.feature_map_k(repeat_kv(k, self.state_heads // self.num_kv_heads))
 
     def query_features(self, q, mask: torch.Tensor | None = None, state: HybridState | None = None):
         """r_h(n) phi_q(q_n): [B, H, L, F], the queries at the positions :func:`query_positions`
@@ -294,7 +314,7 @@ class LolcatsAttention(nn.Module):
         # token at a time, computing key features only for the keys that leave the window.
         B, L = q.shape[0], q.shape[2]
         valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
-        key_features = lambda keys: self.feature_map_k(repeat_kv(keys, self.num_key_value_groups))
+        key_features = self.key_features
         if L > 1:
             qf, kf = self.features(q_in, k_in, valid, layer.state)
             out = dispatch.prefill_chunk(layer.state, self.rule, q, k, v, qf, kf, self.mix, valid, key_features,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import nn
 
 from core.attention.layer import LolcatsAttention, PaddingMask
-from core.config import SUPPORTED_ARCHITECTURES, AttentionSpec, ConfigError
+from core.config import PREDATING, SUPPORTED_ARCHITECTURES, AttentionSpec, ConfigError
 
 
 class UnsupportedModelError(ValueError):
@@ -75,7 +75,7 @@ def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
     for p in model.parameters():
         p.requires_grad_(False)
     keep = set(listed)
-    if getattr(spec, "keep_sliding_layers", False):  # exports written before the field lack it
+    if getattr(spec, "keep_sliding_layers", False):  # exports written before the field lack it (and the layer takes none)
         keep |= sliding_layers(text_config, len(layers))
         if len(keep) == len(layers):
             raise ConfigError(
@@ -95,10 +95,7 @@ def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
             feature_dim=spec.feature_dim,
             window_size=spec.window_size,
             sink_tokens=spec.sink_tokens,
-            history_norm=getattr(spec, "history_norm", "none"),  # exports written before the field lack it
-            init_history_power=getattr(spec, "init_history_power", 0.5),
-            init_history_decay=getattr(spec, "init_history_decay", 0.995),
-            feature_positions=getattr(spec, "feature_positions", "rotary"),
+            **{name: getattr(spec, name, before) for name, before in PREDATING["attention"].items()},
             init_mix=spec.init_mix,
             feature_init=spec.feature_init,
             num_heads=num_heads,

@@ -67,7 +67,7 @@ def synthetic_cache(model: nn.Module, batch: int, length: int, seed: int = 0) ->
     for layer in decoder_layers(model):
         attn = layer.self_attn
         if isinstance(attn, LolcatsAttention) and attn.mode == "student":
-            H, Hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+            Hs, Hkv, d = attn.state_heads, attn.num_kv_heads, attn.head_dim
             Fd = attn.feature_map_q.output_dim
             K = window_capacity(attn.kind, attn.window_size)
             tokens = torch.arange(max(length - K, 0), length, device=device)
@@ -80,7 +80,7 @@ def synthetic_cache(model: nn.Module, batch: int, length: int, seed: int = 0) ->
             sinks = (rand((batch, Hkv, s, d)), rand((batch, Hkv, s, d)),
                      torch.ones(batch, s, dtype=torch.bool, device=device)) if s else ()
             state = HybridState(
-                rand((batch, H, Fd, d), kind=torch.float32), rand((batch, H, Fd), True, torch.float32) + 1.0,
+                rand((batch, Hs, Fd, d), kind=torch.float32), rand((batch, Hs, Fd), True, torch.float32) + 1.0,
                 rand((batch, Hkv, K, d)), rand((batch, Hkv, K, d)), win_pos, win_valid,
                 torch.zeros(batch, dtype=torch.long, device=device), length, *sinks,
                 win_kin=rand((batch, Hkv, K, d)) if attn.feature_positions == "none" else None,  # keys before RoPE

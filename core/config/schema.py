@@ -98,6 +98,9 @@ class AttentionSpec(_Spec):
     # what the feature maps read: "rotary", q and k after RoPE (the paper's), or "none", before it, so the
     # linear history does not depend on absolute positions (RoPE phases past the training length are unseen)
     feature_positions: Literal["rotary", "none"] = "none"
+    # where the key feature map lives: "query", one per query head (the paper's: the decode state keeps S, z per
+    # query head), or "kv", one per key/value head shared by its query heads (S, z per key/value head: G times fewer bytes)
+    key_map_heads: Literal["query", "kv"] = "query"
     feature_init: Literal[FEATURE_INITS] = "identity"  # identity | random
 
     @field_validator(*_NAMED_CHOICES, mode="before")
@@ -261,7 +264,9 @@ class ConvertConfig(_Spec):
 
 # Fields added after runs and exports were first written, with the value such a run had: a stored
 # config without one reads as it was trained, not as today's default.
-PREDATING = {"attention": {"history_norm": "none", "init_history_power": 0.5, "feature_positions": "rotary"}}
+# The layer's arguments that are such fields (core.attention.surgery reads an export's spec through it).
+PREDATING = {"attention": {"history_norm": "none", "init_history_power": 0.5, "init_history_decay": 0.995,
+                           "feature_positions": "rotary", "key_map_heads": "query"}}
 
 
 def stored_attention(saved: dict) -> AttentionSpec:

@@ -89,10 +89,10 @@ def window_softmax(model: nn.Module, baseline: WindowBaseline):
 def state_bytes(attn: LolcatsAttention, dtype_bytes: int) -> dict[str, int]:
     """Bytes one converted layer holds per sequence at decode, and one key/value token's bytes:
 
-    S [H, F, d] and z [H, F] in float32, the window cache of window_capacity(kind, w) keys and
-    values [H_kv, d] (and the same keys before RoPE when the feature maps read those) and the sink
-    cache of s keys and values in the model's dtype."""
-    H, Hkv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    S [H_s, F, d] and z [H_s, F] in float32 (H_s: the key feature map's heads, H or H_kv), the window
+    cache of window_capacity(kind, w) keys and values [H_kv, d] (and the same keys before RoPE when
+    the feature maps read those) and the sink cache of s keys and values in the model's dtype."""
+    H, Hkv, d = attn.state_heads, attn.num_kv_heads, attn.head_dim
     F = attn.feature_map_q.output_dim
     kv_token = 2 * Hkv * d * dtype_bytes
     ring = window_capacity(attn.kind, attn.window_size)

@@ -22,6 +22,7 @@ import importlib.util
 import inspect
 
 from core.config.constants import FEATURE_INITS, FEATURE_MAPS, SUPPORTED_ARCHITECTURES
+from core.config.schema import PREDATING
 
 MODELING_FILE = "modeling_lolcats.py"
 MODEL_CLASS = "LolcatsForCausalLM"
@@ -33,6 +34,7 @@ ENTRY = "core.attention.surgery"  # linearize, which LolcatsForCausalLM runs
 STAND_INS = {
     "core.config": f"""
 SUPPORTED_ARCHITECTURES = {SUPPORTED_ARCHITECTURES!r}
+PREDATING = {PREDATING!r}
 ConfigError = ValueError
 """,
     "core.config.constants": f"""

@@ -35,6 +35,7 @@ import torch
 
 from kernels.hybrid.chunk_torch import hybrid_terms_torch, normalise
 from kernels.hybrid.decay import advance, fold_ages
+from kernels.hybrid.heads import query_heads, read_state
 from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_keys, store_sinks, visible_sinks
 from kernels.hybrid.window import WindowRule, window_start
 
@@ -53,9 +54,9 @@ def prefill_chunk(
     form does not apply (see the module docstring) and the caller steps token by token.
 
     rule: the window rule the state was built with (:class:`kernels.hybrid.window.WindowRule`),
-    q ``[B, H, C, d]``, k and v ``[B, H_kv, C, d]``, q_feat and k_feat ``[B, H, C, F]``, mix ``[H]``,
-    mask ``[B, C]`` bool, key_features: raw keys ``[B, H_kv, K, d]`` -> ``[B, H, K, F]`` (for the
-    ring's keys), decay: None or log gamma ``[H]``, k_in: None, or the keys phi_k reads when they
+    q ``[B, H, C, d]``, k and v ``[B, H_kv, C, d]``, q_feat ``[B, H, C, F]``, k_feat ``[B, H_s, C, F]``
+    (H_s: the state's heads, H or H_kv), mix ``[H]``, mask ``[B, C]`` bool, key_features: raw keys
+    ``[B, H_kv, K, d]`` -> ``[B, H_s, K, F]`` (for the ring's keys), decay: None or log gamma ``[H_s]``, k_in: None, or the keys phi_k reads when they
     are not k ``[B, H_kv, C, d]`` (the state then keeps them in its ring). ``state`` is not modified."""
     if state.sinks != rule.sinks:
         raise ValueError(f"the state holds {state.sinks} sink tokens and the rule {rule.sinks}; "
@@ -91,9 +92,10 @@ def prefill_chunk(
     before = torch.where(first >= 0, seen - 1 - first, torch.full_like(first, -1))  # the token before the chunk
     if decay is not None:  # the carried sums, aged to each query's window
         steps = (window_start(kind, w, pos[:, K:]) - window_start(kind, w, before)[:, None]).clamp(min=0)
-        qf = qf * torch.exp(decay.float()[None, :, None, None] * steps[:, None, :, None].float())
-    t[..., :d] += torch.matmul(qf, state.S)
-    t[..., d] += torch.matmul(qf, state.z[..., None])[..., 0]
+        qf = qf * torch.exp(query_heads(decay, H, dim=0).float()[None, :, None, None] * steps[:, None, :, None].float())
+    num, den = read_state(qf, state.S, state.z)
+    t[..., :d] += num
+    t[..., d] += den
     y = normalise(t).to(q.dtype)
 
     last = torch.where(first >= 0, seen + C - 1 - first, torch.full_like(first, -1))

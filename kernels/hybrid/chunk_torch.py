@@ -1,7 +1,7 @@
 """The chunked (parallel) form of hybrid attention in PyTorch: banded window plus chunked linear part.
 
-Inputs q ``[B, H, L, d]``, k and v ``[B, H_kv, L, d]`` (H = H_kv G), q_feat and k_feat
-``[B, H, L, F]``, mix ``[H]``, key mask ``[B, L]``. For query n with s_nj = q_n.k_j * scale,
+Inputs q ``[B, H, L, d]``, k and v ``[B, H_kv, L, d]`` (H = H_kv G), q_feat ``[B, H, L, F]``,
+k_feat ``[B, H, L, F]`` or ``[B, H_kv, L, F]`` (``kernels.hybrid.heads``), mix ``[H]``, key mask ``[B, L]``. For query n with s_nj = q_n.k_j * scale,
 g = sigmoid(mix), window W(n) and history Hist(n) (``kernels.hybrid.window``):
 
     c_n = max_{j in W(n)} s_nj
@@ -11,7 +11,7 @@ g = sigmoid(mix), window W(n) and history Hist(n) (``kernels.hybrid.window``):
 The window rule (kind, w and s sink tokens) is a :class:`kernels.hybrid.window.WindowRule`. With
 s > 0 the keys at positions < s join W(n) for every query n at or after them and leave Hist(n)
 (``kernels.hybrid.window``); c_n is then the max over the window and those keys.
-With ``decay`` (log gamma_h <= 0 per query head, ``[H]``) each history term is weighted by
+With ``decay`` (log gamma_h <= 0 per head of k_feat) each history term is weighted by
 gamma_h^(window_start(p_n) - 1 - p_j), its age counted from the window's edge (``kernels.hybrid.decay``).
 Positions count from each row's first real token; padded keys contribute nothing. Memory is
 O(L w) for the window part and O(L / C F d) for the linear part; half-precision inputs are
@@ -25,6 +25,7 @@ import torch.nn.functional as F_
 
 from kernels.hybrid.blocks import blocks, cpu_inference
 from kernels.hybrid.decay import tile_ages
+from kernels.hybrid.heads import query_heads
 from kernels.hybrid.window import WindowRule, window_start
 
 LINEAR_CHUNK = 64  # chunk length of the causal linear part; any value gives the same result
@@ -256,6 +257,7 @@ def _in_pieces(op, width: int, dtype, q, k, v, q_feat, k_feat, mix, rule: Window
     whole tensors, or, for inference on CPU, over pieces of batch rows and key/value heads that
     each fit in cache (``kernels.hybrid.blocks``), written into one ``[B, H, L, width]`` output.
     Every row and every key/value head with its query heads is an independent problem."""
+    k_feat, decay = query_heads(k_feat, q.shape[1]), query_heads(decay, q.shape[1], dim=0)
     args = (q, k, v, q_feat, k_feat, mix, rule, attention_mask, scale, sink_keys, decay)
     if not cpu_inference(q, k, v, q_feat, k_feat, mix):
         return op(*args)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from kernels.hybrid.decay import history_weights
+from kernels.hybrid.heads import query_heads
 from kernels.hybrid.window import WindowRule, window_start
 
 
@@ -56,7 +57,7 @@ def _compute_dtype(q: torch.Tensor) -> torch.dtype:
 
 def _per_query_head(k: torch.Tensor, H: int, dtype: torch.dtype) -> torch.Tensor:
     """[B, H_kv, L, d] -> [B, H, L, d] (query head h reads KV head h // G)."""
-    return k.repeat_interleave(H // k.shape[1], dim=1).to(dtype)
+    return query_heads(k, H).to(dtype)
 
 
 def softmax_attention_matrix(q, k, scale: float, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -81,12 +82,13 @@ def hybrid_attention_matrix(
     mask = _key_mask(q, attention_mask)
     win, hist = window_masks(kind, window_size, mask, sinks)
     pos = positions(mask)
-    hist = hist * history_weights(decay, kind, window_size, pos, pos).to(dtype)
+    H = q.shape[1]
+    hist = hist * history_weights(query_heads(decay, H, dim=0), kind, window_size, pos, pos).to(dtype)
     s = (q.to(dtype) @ k.transpose(-1, -2) * scale).masked_fill(~win, float("-inf"))
     c = s.amax(-1, keepdim=True)
     c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
     a = torch.sigmoid(mix.to(dtype)).view(1, -1, 1, 1) * torch.exp(s - c)
-    a = a + (q_feat.to(dtype) @ k_feat.to(dtype).transpose(-1, -2)) * hist
+    a = a + (q_feat.to(dtype) @ _per_query_head(k_feat, H, dtype).transpose(-1, -2)) * hist
     den = a.sum(-1, keepdim=True)
     return a / torch.where(den > 0, den, torch.ones_like(den))
 

@@ -1,7 +1,9 @@
 """Recurrent (token-by-token) form of hybrid attention in PyTorch, and the state a prefill leaves.
 
-State of one layer for B rows (:class:`HybridState`): ``S [B, H, F, d]`` = sum phi_k(k_j) v_j^T
-and ``z [B, H, F]`` = sum phi_k(k_j) (float32, per query head) over the keys that left the window;
+State of one layer for B rows (:class:`HybridState`): ``S [B, H_s, F, d]`` = sum phi_k(k_j) v_j^T
+and ``z [B, H_s, F]`` = sum phi_k(k_j) (float32) over the keys that left the window, per head of
+the key feature map: H_s = H query heads, or H_kv key/value heads read by their G query heads
+(``kernels.hybrid.heads``);
 the window cache, a ring of K = window_capacity(kind, w) raw keys and values per KV head
 ``[B, H_kv, K, d]`` with each slot's position and validity ``[B, K]`` (``kernels.hybrid.ring``);
 ``first [B]``, each row's first real token (-1 while it has none), and ``seen``, the tokens so far.
@@ -32,16 +34,17 @@ import torch
 from kernels.hybrid.chunk_torch import augment_values
 from kernels.hybrid.compiled import maybe_compile
 from kernels.hybrid.decay import advance, fold_ages
+from kernels.hybrid.heads import read_state
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 from kernels.hybrid.window import WindowRule, window_start
 
-KeyFeatures = Callable[[torch.Tensor], torch.Tensor]  # raw keys [B, H_kv, K, d] -> [B, H, K, F]
+KeyFeatures = Callable[[torch.Tensor], torch.Tensor]  # raw keys [B, H_kv, K, d] -> [B, H_s, K, F]
 
 
 @dataclass
 class HybridState:
-    S: torch.Tensor  # [B, H, F, d] float32
-    z: torch.Tensor  # [B, H, F] float32
+    S: torch.Tensor  # [B, H_s, F, d] float32 (H_s: the key feature map's heads, H or H_kv)
+    z: torch.Tensor  # [B, H_s, F] float32
     win_k: torch.Tensor  # [B, H_kv, K, d]
     win_v: torch.Tensor  # [B, H_kv, K, d]
     win_pos: torch.Tensor  # [B, K] long
@@ -104,10 +107,10 @@ def visible_sinks(sink_valid: torch.Tensor, kind: str, w: int, pos: torch.Tensor
 def fold_keys(S, z, k_feat, v, weight):
     """Add weight_j * phi_k(k_j) v_j^T to S and weight_j * phi_k(k_j) to z.
 
-    k_feat [B, H, K, F], v [B, H_kv, K, d], weight [B, K] (0/1) or [B, H, K] (per head: decay
-    weights). One product per query head with the augmented values [v_j, 1] gives both; phi_k
-    enters transposed, as a view, and each of the G query heads of a KV head takes its own product,
-    so neither operand is copied."""
+    k_feat [B, H_s, K, F], v [B, H_kv, K, d], weight [B, K] (0/1) or [B, H_s, K] (per head: decay
+    weights), for a state per head of the key feature map (H_s = H or H_kv). One product per state
+    head with the augmented values [v_j, 1] gives both; phi_k enters transposed, as a view, and each
+    of the H_s / H_kv state heads of a KV head takes its own product, so neither operand is copied."""
     B, H, K, Fd = k_feat.shape
     Hkv, d = v.shape[1], v.shape[-1]
     kf = k_feat.float()
@@ -125,9 +128,9 @@ def fold_keys(S, z, k_feat, v, weight):
 def prefill_state(rule: WindowRule, k, v, k_feat, mask, decay=None, k_in=None) -> HybridState:
     """The state after a parallel forward over a whole prompt (empty state before).
 
-    rule: the window rule (kind, w, s sink tokens); k, v: [B, H_kv, L, d]; k_feat: [B, H, L, F];
-    mask: [B, L] bool (1 = token); decay: None or log gamma [H]; k_in: None, or the keys phi_k
-    read when they are not k [B, H_kv, L, d]."""
+    rule: the window rule (kind, w, s sink tokens); k, v: [B, H_kv, L, d]; k_feat: [B, H_s, L, F]
+    (H_s = H or H_kv, the state's heads); mask: [B, L] bool (1 = token); decay: None or log gamma
+    [H_s]; k_in: None, or the keys phi_k read when they are not k [B, H_kv, L, d]."""
     kind, w, sinks = rule.kind, rule.window_size, rule.sinks
     B, Hkv, L, d = k.shape
     H, Fd = k_feat.shape[1], k_feat.shape[-1]
@@ -173,9 +176,9 @@ def decode_step_torch(
 
     rule: the window rule the state was built with (its sink tokens are the state's), q [B, H, 1, d],
     k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], mix [H] logits, valid [B] bool (False for a
-    padding token), key_features: raw keys [B, H_kv, C, d] -> [B, H, C, F] (phi_k per query head,
+    padding token), key_features: raw keys [B, H_kv, C, d] -> [B, H_s, C, F] (phi_k per state head,
     applied only to the keys folded into the state), scale: the score scale, decay: None or log
-    gamma [H], k_in: None, or the key phi_k reads when it is not k [B, H_kv, 1, d]."""
+    gamma [H_s], k_in: None, or the key phi_k reads when it is not k [B, H_kv, 1, d]."""
     kind, w = rule.kind, rule.window_size
     first, pos = token_position(state, valid)
     S, z = advance(state.S, state.z, decay, kind, w, pos - 1, pos)
@@ -229,9 +232,8 @@ def readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale: float) -> torc
         y = (phi_q(q)^T S + g sum_{j in cache} exp(s_j - c) v_j) / (phi_q(q)^T z + g sum_{j in cache} exp(s_j - c))
     """
     B, H, _, d = q.shape
-    qf = q_feat.float()  # [B, H, 1, F]
-    num = torch.matmul(qf, S)[:, :, 0]  # [B, H, d]
-    den = torch.matmul(qf, z[..., None])[:, :, 0, 0]  # [B, H]
+    num, den = read_state(q_feat, S, z)
+    num, den = num[:, :, 0], den[:, :, 0]  # [B, H, d], [B, H]
     if win_k is not None:
         Hkv = win_k.shape[1]
         G = H // Hkv

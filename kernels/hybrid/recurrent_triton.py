@@ -32,19 +32,23 @@ from kernels.hybrid.window import WindowRule
 def hybrid_decode_kernel(
     q, qf, S, z, kfold, vfold, wk, wv, wvalid, gate, y, S_out, z_out,
     s_qb, s_qh, s_qfb, s_qfh, s_kfb, s_kfh, s_kfc, s_vfb, s_vfh, s_vfc, s_wkb, s_wkh, s_wkc, s_wvb, s_wvh, s_wvc,
-    H, G, C, K, scale,
+    H, G, SG, C, K, scale,
     HAS_WINDOW: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
-    """One program per (batch row, query head): fold, window softmax and readout of one token."""
+    """One program per (batch row, query head): fold, window softmax and readout of one token. The
+    state has one head per SG query heads (SG = 1: per query head, G: per key/value head); the
+    programs of one state head fold the same keys into it and store the same values."""
     i_bh = tl.program_id(0).to(tl.int64)
     i_b, i_h, i_kh = head_indices(i_bh, H, G)
+    i_sh = i_h // SG
+    i_bs = i_b * (H // SG) + i_sh  # the state head's flat index
     o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
     m_d, m_f = o_d < D, o_f < FD
 
-    b_S, b_z = load_state(S, z, i_bh, 0, 1, o_f, o_d, m_f, m_d, D, FD)  # [BF, BD], [BF]
+    b_S, b_z = load_state(S, z, i_bs, 0, 1, o_f, o_d, m_f, m_d, D, FD)  # [BF, BD], [BF]
     # fold the keys leaving the window (their features already carry the 0/1 fold weight)
-    p_kf0 = head_ptr(kfold, i_b, i_h, s_kfb, s_kfh)
+    p_kf0 = head_ptr(kfold, i_b, i_sh, s_kfb, s_kfh)
     p_vf0 = head_ptr(vfold, i_b, i_kh, s_vfb, s_vfh)
     for c0 in range(0, C, BC):
         o_c = c0 + tl.arange(0, BC)
@@ -53,7 +57,7 @@ def hybrid_decode_kernel(
         b_v = load_rows(p_vf0, o_c, s_vfc, o_d, m_c, m_d).to(tl.float32)
         b_S += tl.dot(tl.trans(b_kf), b_v, input_precision="ieee")  # [BF, BD]
         b_z += tl.sum(b_kf, 0)
-    store_state(S_out, z_out, b_S, b_z, i_bh, 0, 1, o_f, o_d, m_f, m_d, D, FD)
+    store_state(S_out, z_out, b_S, b_z, i_bs, 0, 1, o_f, o_d, m_f, m_d, D, FD)
 
     b_q = tl.load(head_ptr(q, i_b, i_h, s_qb, s_qh) + o_d, mask=m_d, other=0).to(tl.float32)  # [BD]
     b_qf = tl.load(head_ptr(qf, i_b, i_h, s_qfb, s_qfh) + o_f, mask=m_f, other=0).to(tl.float32)  # [BF]
@@ -99,18 +103,21 @@ def decode_step_triton(
         q: ``[B, H, 1, d]``; k, v: ``[B, H_kv, 1, d]``; q_feat: ``[B, H, 1, F]``.
         mix: ``[H]`` mixing logits.
         valid: ``[B]`` bool, False for a padding token.
-        key_features: raw keys ``[B, H_kv, C, d]`` -> ``[B, H, C, F]`` (phi_k per query head).
+        key_features: raw keys ``[B, H_kv, C, d]`` -> ``[B, H_s, C, F]`` (phi_k per state head,
+            H_s = H or H_kv: ``kernels.hybrid.heads``).
         scale: score scale.
-        decay: None or log gamma ``[H]`` (``kernels.hybrid.decay``).
+        decay: None or log gamma ``[H_s]`` (``kernels.hybrid.decay``).
         k_in: None, or the key phi_k reads when it is not k ``[B, H_kv, 1, d]``.
         inplace: update ``state.S`` and ``state.z`` in place instead of allocating new ones
-            (saves a copy per step; the old state object then shares them). Default: ``False``.
+            (saves a copy per step; the old state object then shares them; a state per key/value
+            head is never updated in place, since G programs read it). Default: ``False``.
             The window cache is always updated in place (one ring slot per step).
     """
     B, H, _, d = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
     Fd = q_feat.shape[-1]
+    Hs = state.S.shape[1]
     kind, w = rule.kind, rule.window_size
     first, pos = token_position(state, valid)
     if kind == "linear":  # no window: the key goes straight into the state
@@ -121,10 +128,10 @@ def decode_step_triton(
         if cols.numel():
             weight = fold_weight(state, fold, cols, kind, w, pos, decay)
             weight = (weight[:, :, :, None] if weight.dim() == 3 else weight[:, None, :, None]).to(q_feat.dtype)
-            kfold = key_features(state.feature_keys[:, :, cols]) * weight  # [B, H, C, F]
+            kfold = key_features(state.feature_keys[:, :, cols]) * weight  # [B, H_s, C, F]
             vfold = state.win_v[:, :, cols]  # [B, H_kv, C, d]
         else:
-            kfold = q_feat.new_zeros(B, H, 0, Fd)
+            kfold = q_feat.new_zeros(B, Hs, 0, Fd)
             vfold = v.new_zeros(B, Hkv, 0, d)
         place_token(state, k, v, pos, valid, fold, k_in)
     kfold = kfold if kfold.stride(-1) == 1 else kfold.contiguous()
@@ -132,7 +139,7 @@ def decode_step_triton(
     sink, win_k, win_v, win_valid = step_window(state, kind, w, k, v, pos, valid)  # the ring (and sinks)
 
     S, z = advance(state.S, state.z, decay, kind, w, pos - 1, pos)
-    if inplace and S.is_contiguous() and z.is_contiguous() and S.dtype == torch.float32 and z.dtype == torch.float32:
+    if inplace and Hs == H and S.is_contiguous() and z.is_contiguous() and S.dtype == torch.float32 and z.dtype == torch.float32:
         S_out, z_out = S, z
     else:
         S, z = S.float().contiguous(), z.float().contiguous()
@@ -160,7 +167,7 @@ def decode_step_triton(
         qq.stride(0), qq.stride(1), qf.stride(0), qf.stride(1),
         kfold.stride(0), kfold.stride(1), kfold.stride(2), vfold.stride(0), vfold.stride(1), vfold.stride(2),
         wk.stride(0), wk.stride(1), wk.stride(2), wv.stride(0), wv.stride(1), wv.stride(2),
-        H, G, C, K, float(scale),
+        H, G, H // Hs, C, K, float(scale),
         HAS_WINDOW=kind != "linear" and K > 0,
         D=d, FD=Fd, BD=BD, BF=BF, BC=16, BK=BK, **launch,
     )

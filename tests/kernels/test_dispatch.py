@@ -227,18 +227,26 @@ def _broken(name, change):
         ("q", lambda t: t[0], r"q, k, v must be 4-D \[B, H, L, d\]; got \(4, 8, 16\), \(1, 2, 8, 16\), \(1, 2, 8, 16\)"),
         ("v", lambda t: t[:, :, :5], r"k and v must be \[B, H_kv, L, d\] = \[1, H_kv, 8, 16\]; got .*\(1, 2, 5, 16\)"),
         ("k", lambda t: t[..., :8], r"k and v must be \[B, H_kv, L, d\] = \[1, H_kv, 8, 16\]; got \(1, 2, 8, 8\)"),
-        ("q_feat", lambda t: t[:, :3], r"q_feat and k_feat must be \[B, H, L, F\] with B, H, L = 1, 4, 8; got \(1, 3, "),
-        ("k_feat", lambda t: t[..., :4], r"q_feat and k_feat must be \[B, H, L, F\] .*got \(1, 4, 8, 8\), \(1, 4, 8, 4\)"),
+        ("q_feat", lambda t: t[:, :3], r"q_feat must be \[B, H, L, F\] and k_feat \[B, H, L, F\] or \[B, H_kv, L, F\] "
+                                       r"with B, H, H_kv, L = 1, 4, 2, 8; got \(1, 3, "),
+        ("k_feat", lambda t: t[..., :4], r"q_feat must be .*got \(1, 4, 8, 8\), \(1, 4, 8, 4\)"),
+        ("k_feat", lambda t: t[:, :3], r"q_feat must be .*got \(1, 4, 8, 8\), \(1, 3, 8, 8\)"),
         ("mix", lambda t: t[:2], r"mix must have shape \[H\] = \[4\]; got \(2,\)"),
         ("attention_mask", lambda t: t[:, :7], r"attention_mask must be \[B, L\] = \[1, 8\]; got \(1, 7\)"),
-        ("decay", lambda t: t[:3], r"decay must have shape \[H\] = \[4\]; got \(3,\)"),
+        ("decay", lambda t: t[:3], r"decay must have one rate per head of k_feat, \[4\]; got \(3,\)"),
     ],
-    ids=["q-3d", "v-length", "k-head-dim", "q_feat-heads", "k_feat-features", "mix", "mask", "decay"],
+    ids=["q-3d", "v-length", "k-head-dim", "q_feat-heads", "k_feat-features", "k_feat-heads", "mix", "mask", "decay"],
 )
 def test_the_kernels_op_refuses_bad_shapes(name, change, message):
     """A caller of kernels.dispatch gets the contract's checks (before any backend is chosen)."""
     with pytest.raises(ValueError, match=message):
         dispatch.hybrid_attention(rule=WindowRule("terraced", 4), **_broken(name, change))
+
+
+def test_the_kernels_op_wants_a_decay_rate_per_key_value_head_with_key_features_per_key_value_head():
+    q, k, v, qf, kf, mix, _ = make_inputs(1, 4, 2, 8, 16, 4)
+    with pytest.raises(ValueError, match=r"decay must have one rate per head of k_feat, \[2\]; got \(4,\)"):
+        dispatch.hybrid_attention(q, k, v, qf, kf[:, :2], mix, WindowRule("terraced", 4), decay=torch.zeros(4))
 
 
 def test_the_kernels_op_refuses_grouped_heads_that_do_not_divide():

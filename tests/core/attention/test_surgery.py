@@ -30,12 +30,12 @@ def positions(mask):
 
 
 def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=0, sinks=0, history_norm="decay",
-              feature_positions="none"):
+              feature_positions="none", key_map_heads="query"):
     """A tiny converted model; ``history_norm`` and ``feature_positions`` default to the library's."""
     model = tiny_model(arch, seed=seed)
     cfg = core.AttentionSpec(
         kind=kind, window_size=window, feature_dim=8, softmax_layers=list(softmax_layers), feature_init="random",
-        sink_tokens=sinks, history_norm=history_norm, feature_positions=feature_positions,
+        sink_tokens=sinks, history_norm=history_norm, feature_positions=feature_positions, key_map_heads=key_map_heads,
     )
     torch.manual_seed(seed + 1)
     model = core.linearize(model, cfg)

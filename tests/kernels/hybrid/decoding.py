@@ -33,7 +33,7 @@ class DecodeCase:
     key_features: Callable[[torch.Tensor], torch.Tensor]
     scale: float
     sinks: int = 0
-    decay: torch.Tensor | None = None  # log gamma [H]
+    decay: torch.Tensor | None = None  # log gamma [H_s]
     own_keys: bool = False  # phi_k reads other keys than the softmax (feature_keys of them), kept in the state
 
     @property
@@ -62,13 +62,15 @@ def sample_decay(H: int) -> torch.Tensor:
 
 
 def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9, T=13, sinks=0, decay=False,
-                own_keys=False) -> DecodeCase:
-    G = H // Hkv
+                own_keys=False, kv_maps=False) -> DecodeCase:
+    """``kv_maps``: the key feature map (and so the state and the decay rates) per key/value head,
+    else per query head."""
+    Hs = Hkv if kv_maps else H  # the state's heads
     g = torch.Generator().manual_seed(42)
     torch.manual_seed(42)
     fq = HedgehogFeatureMap(H, d, f, init="random").to(DEVICE)
-    fk = HedgehogFeatureMap(H, d, f, init="random").to(DEVICE)
-    key_features = lambda keys: fk(keys.repeat_interleave(G, dim=1))  # noqa: E731
+    fk = HedgehogFeatureMap(Hs, d, f, init="random").to(DEVICE)
+    key_features = lambda keys: fk(keys.repeat_interleave(Hs // Hkv, dim=1))  # noqa: E731
     rand = lambda *shape: torch.randn(*shape, generator=g).to(device=DEVICE, dtype=dtype)  # noqa: E731
     mix = torch.randn(H, generator=g).to(DEVICE)
     k, v = rand(B, Hkv, P, d), rand(B, Hkv, P, d)
@@ -83,7 +85,7 @@ def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9
             valid[2:] = t >= 2
             valid[1] = t % 5 != 3
             steps.append((q_t, k_t, v_t, fq(q_t), valid))
-    return DecodeCase(kind, w, k, v, mask, steps, mix, key_features, d**-0.5, sinks, sample_decay(H) if decay else None,
+    return DecodeCase(kind, w, k, v, mask, steps, mix, key_features, d**-0.5, sinks, sample_decay(Hs) if decay else None,
                       own_keys)
 
 
@@ -106,18 +108,22 @@ def assert_matches_naive(case: DecodeCase, ys: list[torch.Tensor], ratio: float)
     q = torch.cat([case.steps[0][0].new_zeros(B, H, P, d)] + [s[0] for s in case.steps], dim=2)
     qf = torch.cat([case.steps[0][3].new_zeros(B, H, P, F)] + [s[3] for s in case.steps], dim=2)
     kf = case.key_features(case.feature_keys(k) if case.own_keys else k)
-    ref = naive_hybrid_attention(q, k, v, qf, kf, case.mix, case.rule, mask, case.scale, decay=case.decay)[:, :, P:]
+    decay = case.decay
+    if kf.shape[1] != H:  # a state per key/value head: the oracle reads each query head's group, explicitly
+        G = H // kf.shape[1]
+        kf, decay = kf.repeat_interleave(G, dim=1), None if decay is None else decay.repeat_interleave(G)
+    ref = naive_hybrid_attention(q, k, v, qf, kf, case.mix, case.rule, mask, case.scale, decay=decay)[:, :, P:]
     real = mask[:, None, P:, None]
     y = torch.cat(ys, dim=2).double()
     assert_close("y vs naive", torch.where(real, ref, 0.0), torch.where(real, y, 0.0), ratio)
 
 
 def check_decode_triton(kind, w, *, dtype=torch.float32, inplace=False, B=3, H=4, Hkv=2, d=16, f=8, P=9, T=13, ratio=1e-5,
-                        sinks=0, decay=False, own_keys=False):
+                        sinks=0, decay=False, own_keys=False, kv_maps=False):
     """Prefill a :func:`decode_case`, then decode ``T`` tokens with the Triton and the PyTorch step side
     by side: outputs, linear state and window cache equal step by step, outputs equal to the naive reference."""
     case = decode_case(kind, w, dtype=dtype, B=B, H=H, Hkv=Hkv, d=d, f=f, P=P, T=T, sinks=sinks, decay=decay,
-                       own_keys=own_keys)
+                       own_keys=own_keys, kv_maps=kv_maps)
     ys = []
     with torch.no_grad():
         # two states: each step writes its window cache in place

@@ -17,13 +17,15 @@ from tests.kernels.utils import assert_close
 B, H, HKV, D, FEAT = 3, 4, 2, 16, 8
 
 
-def inputs(L: int, mid_padding: bool):
+def inputs(L: int, mid_padding: bool, kv_maps: bool = False):
     """Random q, k, v, features and a mask: row 0 unpadded, row 1 left-padded by 3, row 2 by 19
-    (its first token comes in a later chunk); with ``mid_padding`` row 1 also skips some tokens."""
+    (its first token comes in a later chunk); with ``mid_padding`` row 1 also skips some tokens;
+    with ``kv_maps`` the key feature map per key/value head (a state per key/value head)."""
     g = torch.Generator().manual_seed(7)
     torch.manual_seed(7)
-    fq, fk = HedgehogFeatureMap(H, D, FEAT, init="random"), HedgehogFeatureMap(H, D, FEAT, init="random")
-    key_features = lambda keys: fk(keys.repeat_interleave(H // HKV, dim=1))  # noqa: E731
+    Hs = HKV if kv_maps else H
+    fq, fk = HedgehogFeatureMap(H, D, FEAT, init="random"), HedgehogFeatureMap(Hs, D, FEAT, init="random")
+    key_features = lambda keys: fk(keys.repeat_interleave(Hs // HKV, dim=1))  # noqa: E731
     q = torch.randn(B, H, L, D, generator=g)
     k, v = torch.randn(B, HKV, L, D, generator=g), torch.randn(B, HKV, L, D, generator=g)
     mix = torch.randn(H, generator=g)
@@ -64,20 +66,22 @@ def chunked(kind, w, chunks, q, k, v, qf, kf, mix, mask, key_features, sinks=0, 
     return torch.cat(ys, dim=2), state, fallbacks
 
 
-@pytest.mark.parametrize("kind, sinks, decay, own_keys", [(kind, 0, False, False) for kind in KINDS]
-                         + [("sliding_window", 2, False, False), ("terraced", 3, False, False)]
-                         + [(kind, 2 * (kind != "linear"), True, False) for kind in KINDS]
-                         + [(kind, 2 * (kind != "linear"), True, True) for kind in KINDS])
+@pytest.mark.parametrize("kind, sinks, decay, own_keys, kv_maps", [(kind, 0, False, False, False) for kind in KINDS]
+                         + [("sliding_window", 2, False, False, False), ("terraced", 3, False, False, False)]
+                         + [(kind, 2 * (kind != "linear"), True, False, False) for kind in KINDS]
+                         + [(kind, 2 * (kind != "linear"), True, True, False) for kind in KINDS]
+                         + [(kind, 2 * (kind != "linear"), True, True, True) for kind in KINDS])
 @pytest.mark.parametrize("w, chunks", [(4, [6, 5, 8, 1, 13, 4]), (8, [16, 16, 5]), (4, [1, 2, 30])],
                          ids=["w4-uneven", "w8", "w4-short-first"])
 @pytest.mark.parametrize("mid_padding", [False, True], ids=["left-padded", "mid-padded"])
 @torch.no_grad()
-def test_chunked_prefill_equals_the_parallel_form_the_oracle_and_a_whole_prefill(kind, sinks, decay, own_keys, w, chunks,
-                                                                                 mid_padding):
-    """``own_keys``: phi_k reads other keys than the softmax (keys before RoPE), which the state keeps."""
+def test_chunked_prefill_equals_the_parallel_form_the_oracle_and_a_whole_prefill(kind, sinks, decay, own_keys, kv_maps,
+                                                                                 w, chunks, mid_padding):
+    """``own_keys``: phi_k reads other keys than the softmax (keys before RoPE), which the state keeps;
+    ``kv_maps``: the key feature map, the state and the decay rates per key/value head."""
     L = sum(chunks)
-    q, k, v, qf, kf, mix, mask, key_features = inputs(L, mid_padding)
-    decay = sample_decay(H).cpu() if decay else None
+    q, k, v, qf, kf, mix, mask, key_features = inputs(L, mid_padding, kv_maps)
+    decay = sample_decay(HKV if kv_maps else H).cpu() if decay else None
     k_in = 0.8 * k.flip(-1) + 0.3 * k if own_keys else None
     if own_keys:
         kf = key_features(k_in)
@@ -86,12 +90,14 @@ def test_chunked_prefill_equals_the_parallel_form_the_oracle_and_a_whole_prefill
         assert fallbacks == 0
     real = mask[:, None, :, None]
     whole = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule(kind, w, sinks), mask, D**-0.5, decay=decay)
-    oracle = naive_hybrid_attention(q, k, v, qf, kf, mix, WindowRule(kind, w, sinks), mask, D**-0.5, decay=decay)
+    G = H // kf.shape[1]  # the oracle reads each query head's features and rate explicitly
+    oracle = naive_hybrid_attention(q, k, v, qf, kf.repeat_interleave(G, dim=1), mix, WindowRule(kind, w, sinks), mask,
+                                    D**-0.5, decay=None if decay is None else decay.repeat_interleave(G))
     assert_close("chunked vs parallel", torch.where(real, whole, 0.0), torch.where(real, y, 0.0), 1e-5)
     assert_close("chunked vs naive", torch.where(real, oracle, 0.0), torch.where(real, y, 0.0), 1e-5)
 
     full = prefill_state(WindowRule(kind, w, sinks), k, v, kf, mask, decay, k_in)
-    assert state.seen == full.seen == L
+    assert state.seen == full.seen == L and state.S.shape[1] == (HKV if kv_maps else H)
     assert_close("S", full.S, state.S, 1e-5)
     assert_close("z", full.z, state.z, 1e-5)
     assert torch.equal(full.first, state.first) and torch.equal(full.win_valid, state.win_valid)

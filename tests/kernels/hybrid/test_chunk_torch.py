@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from kernels.dispatch import hybrid_attention
 from kernels.hybrid.chunk_torch import hybrid_attention_torch
 from kernels.hybrid.naive import naive_hybrid_attention, naive_softmax_attention
 from kernels.hybrid.window import KINDS, WindowRule
@@ -175,3 +176,28 @@ def test_decay_of_one_is_the_paper_form():
     q, k, v, qf, kf, mix, mask = make_inputs(2, 4, 2, 90, 16, 8, pads=[0, 7])
     y = hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule("terraced", 16, 2), mask, decay=torch.zeros(4))
     assert rel_err(y, hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule("terraced", 16, 2), mask), mask) <= 1e-6
+
+
+@pytest.mark.parametrize("kind, sinks", [("linear", 0), ("sliding_window", 3), ("terraced", 3)])
+def test_key_features_per_key_value_head_match_the_oracle_with_gradients(kind, sinks):
+    """k_feat and the decay rates per key/value head ([B, H_kv, L, F], [H_kv]): equal, with every
+    gradient, to the oracle given each query head its group's features and rate explicitly
+    (query head h reads key/value head h // G), with left padding."""
+    q, k, v, qf, kf, mix, mask = make_inputs(3, 6, 2, 100, 16, 8, pads=[0, 5, 37])
+    kf = kf[:, ::3].contiguous()  # one map per key/value head: [B, 2, L, F]
+    decay = torch.tensor([0.8, 0.97]).log()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, qf, kf, mix, decay)]
+    y = hybrid_attention(*leaves[:6], WindowRule(kind, 16, sinks), mask, decay=leaves[6], backend="torch")
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, qf, kf, mix, decay)]
+    per_query = [ref_leaves[4].repeat_interleave(3, dim=1), ref_leaves[6].repeat_interleave(3)]
+    ref = naive_hybrid_attention(*ref_leaves[:4], per_query[0], ref_leaves[5], WindowRule(kind, 16, sinks), mask,
+                                 decay=per_query[1])
+    assert rel_err(y, ref, mask) <= 1e-5
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)) * mask[:, None, :, None]
+    (y * dy).sum().backward()
+    (ref * dy.double()).sum().backward()
+    for name, got, want in zip("q k v qf kf mix decay".split(), leaves, ref_leaves):
+        if want.grad is None or not want.grad.any():  # linear attention: q, k and mix do not enter
+            assert kind == "linear" and name in ("q", "k", "mix"), name
+            continue
+        assert got.grad.shape == want.grad.shape and rel_err(got.grad, want.grad) <= 1e-4, name

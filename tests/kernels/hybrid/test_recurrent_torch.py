@@ -10,15 +10,18 @@ from tests.kernels.hybrid.decoding import assert_matches_naive, decode_case, who
 from tests.kernels.utils import assert_close
 
 
-@pytest.mark.parametrize("kind, sinks, decay, own_keys", [(kind, 0, False, False) for kind in KINDS]
-                         + [("sliding_window", 3, False, False), ("terraced", 3, False, False)]
-                         + [(kind, 3 * (kind != "linear"), True, False) for kind in KINDS]
-                         + [(kind, 3 * (kind != "linear"), True, True) for kind in KINDS])
+@pytest.mark.parametrize("kind, sinks, decay, own_keys, kv_maps", [(kind, 0, False, False, False) for kind in KINDS]
+                         + [("sliding_window", 3, False, False, False), ("terraced", 3, False, False, False)]
+                         + [(kind, 3 * (kind != "linear"), True, False, False) for kind in KINDS]
+                         + [(kind, 3 * (kind != "linear"), True, True, False) for kind in KINDS]
+                         + [(kind, 3 * (kind != "linear"), True, True, True) for kind in KINDS]
+                         + [("terraced", 0, False, False, True)])
 @pytest.mark.parametrize("w, P, T", [(4, 9, 13), (40, 70, 14)], ids=["w4", "w40"])
 @torch.no_grad()
-def test_decode_matches_naive_and_a_whole_prefill(kind, sinks, decay, own_keys, w, P, T):
-    """``own_keys``: phi_k reads other keys than the softmax (keys before RoPE), which the state keeps."""
-    case = decode_case(kind, w, P=P, T=T, sinks=sinks, decay=decay, own_keys=own_keys)
+def test_decode_matches_naive_and_a_whole_prefill(kind, sinks, decay, own_keys, kv_maps, w, P, T):
+    """``own_keys``: phi_k reads other keys than the softmax (keys before RoPE), which the state keeps;
+    ``kv_maps``: the key feature map, the state and the decay rates per key/value head."""
+    case = decode_case(kind, w, P=P, T=T, sinks=sinks, decay=decay, own_keys=own_keys, kv_maps=kv_maps)
     state = case.prefill()
     ys = []
     for t in range(T):
@@ -30,6 +33,7 @@ def test_decode_matches_naive_and_a_whole_prefill(kind, sinks, decay, own_keys, 
     kin = case.feature_keys(k)
     whole = prefill_state(WindowRule(kind, w, sinks), k, v, case.key_features(k if kin is None else kin), mask, case.decay, kin)
     assert whole.seen == state.seen == P + T and whole.win_k.shape[2] == window_capacity(kind, w)
+    assert state.S.shape[1] == state.z.shape[1] == (2 if kv_maps else 4)  # the state's heads
     assert_close("S", whole.S, state.S, 1e-5)
     assert_close("z", whole.z, state.z, 1e-5)
     assert torch.equal(whole.first, state.first) and torch.equal(whole.win_valid, state.win_valid)

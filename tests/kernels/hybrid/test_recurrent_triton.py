@@ -34,6 +34,14 @@ def test_decode_step_with_keys_of_its_own_for_the_feature_map(kind):
     check_decode_triton(kind, 4, sinks=3 * (kind != "linear"), T=16, decay=True, own_keys=True)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_decode_step_with_a_state_per_key_value_head(kind):
+    """The key feature map, the state and the decay rates per key/value head: the G programs of a
+    group fold into one state head (never in place, though asked), each reads it."""
+    check_decode_triton(kind, 4, sinks=3 * (kind != "linear"), T=16, decay=True, own_keys=True, kv_maps=True,
+                        inplace=True)
+
+
 def test_decode_step_in_place_state():
     check_decode_triton("terraced", 4, inplace=True, T=9)
 
