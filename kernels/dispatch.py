@@ -282,15 +282,14 @@ def hybrid_attention(
 
 def decode_step(
     state: HybridState, rule: WindowRule, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
-    decay=None, k_in=None, *, backend: str | None = None,
+    decay=None, *, backend: str | None = None,
 ) -> tuple[torch.Tensor, HybridState]:
     """One decode step through the selected backend; arguments and result as
     :func:`kernels.hybrid.recurrent_torch.decode_step_torch`."""
     if select_backend(q.device, backend, _signature(rule.kind, q, q_feat, decay)) == "triton":
         _, recurrent_triton = load_triton()
-        return recurrent_triton.decode_step_triton(state, rule, q, k, v, q_feat, mix, valid, key_features, scale, decay,
-                                                   k_in)
-    return recurrent_torch.decode_step_torch(state, rule, q, k, v, q_feat, mix, valid, key_features, scale, decay, k_in)
+        return recurrent_triton.decode_step_triton(state, rule, q, k, v, q_feat, mix, valid, key_features, scale, decay)
+    return recurrent_torch.decode_step_torch(state, rule, q, k, v, q_feat, mix, valid, key_features, scale, decay)
 
 
 __all__ = [

@@ -36,8 +36,13 @@ drifts however it is normalised (shifting every position id of a 512-token text 
 converted model from 1.17x to 3.9x its teacher's perplexity, while the teacher is unchanged).
 ``"none"`` applies them to q and k before RoPE: the softmax window keeps RoPE's relative
 positions, the history carries none, and the student, like the teacher, depends on relative
-positions only. The recurrent state then keeps the window's keys before RoPE as well, for the
-feature map of the keys it folds.
+positions only. The recurrent state keeps the window's keys once, after RoPE, as the softmax reads
+them; a key leaving the window is rotated back (:func:`core.attention.rotary.unrotate`, at its
+RoPE position id: its window position plus the row's offset, ``HybridState.key_offset``) before
+phi_k reads it, so the folded features equal those the parallel form computed from the key before
+RoPE. This takes RoPE position ids that advance with the window positions in each row (left padding,
+as generation and every HF position-id convention give); a row with padding inside it would fold
+keys rotated back by other angles.
 
 Where the key feature map lives (``key_map_heads``, a deviation from the paper with ``"kv"``):
 ``"query"``, the paper's, one phi_k per query head (the G query heads of a key/value head map the
@@ -76,13 +81,14 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager
 from core.attention.cache import hybrid_cache_layer
 from core.attention.feature_maps import build_feature_map
 from core.attention.functional import hybrid_attention
+from core.attention.history import build_history
+from core.attention.rotary import Rotary, unrotate
 from kernels import dispatch
 from kernels.hybrid.blocks import blocks, cpu_inference
 from kernels.hybrid.recurrent_torch import HybridState
 from kernels.hybrid.window import WindowRule, window_start
 
 MODES = ("student", "teacher")
-HISTORY_NORMS = ("none", "power", "decay")
 FEATURE_POSITIONS = ("rotary", "none")
 KEY_MAP_HEADS = ("query", "kv")
 
@@ -183,19 +189,15 @@ class LolcatsAttention(nn.Module):
         self.feature_map_k = build_feature_map(feature_map, self.state_heads, self.head_dim, feature_dim,
                                                feature_init).to(device)
         self.mix = nn.Parameter(torch.full((num_heads,), math.log(init_mix / (1 - init_mix)), device=device))
-        if history_norm not in HISTORY_NORMS:
-            raise ValueError(f"unknown history_norm {history_norm!r}; valid: {', '.join(HISTORY_NORMS)}")
+        self.history = build_history(history_norm, init_history_power, init_history_decay)  # its variant (core.attention.history)
         self.history_norm = history_norm
         if feature_positions not in FEATURE_POSITIONS:
             raise ValueError(f"unknown feature_positions {feature_positions!r}; valid: {', '.join(FEATURE_POSITIONS)}")
         self.feature_positions = feature_positions
-        if history_norm == "power":  # alpha_h = sigmoid(history_power_h) = init_history_power at start
-            logit = math.log(init_history_power / (1 - init_history_power))
-            self.history_power = nn.Parameter(torch.full((num_heads,), logit, device=device))
-        if history_norm == "decay":  # gamma_h = sigmoid(history_decay_h) = init_history_decay at start, per state head
-            logit = math.log(init_history_decay / (1 - init_history_decay))
-            self.history_decay = nn.Parameter(torch.full((self.state_heads,), logit, device=device))
+        if self.history.parameter:  # history_power or history_decay, named as checkpoints name them
+            setattr(self, self.history.parameter, self.history.make_parameter(num_heads, self.state_heads, device))
         self.padding = padding
+        self.rotary: Rotary | None = None  # the decoder's rotary embedding for this layer (set by surgery)
 
     @property
     def mode(self) -> str:
@@ -216,14 +218,13 @@ class LolcatsAttention(nn.Module):
     def trained_parameters(self) -> list[nn.Parameter]:
         """What conversion adds to the layer and trains: feature maps, mixing factors and the
         history exponents (``history_norm="power"``) or decay rates (``"decay"``)."""
-        extra = {"none": [], "power": ["history_power"], "decay": ["history_decay"]}[self.history_norm]
-        extra = [getattr(self, name) for name in extra]
-        return [*self.feature_map_q.parameters(), *self.feature_map_k.parameters(), self.mix, *extra]
+        return [*self.feature_map_q.parameters(), *self.feature_map_k.parameters(), self.mix,
+                *self.history.parameters(self)]
 
     def log_decay(self) -> torch.Tensor | None:
         """log gamma_h ``[H_s]`` of the decaying history, one per state head (None unless
         ``history_norm`` is ``"decay"``)."""
-        return torch.nn.functional.logsigmoid(self.history_decay) if self.history_norm == "decay" else None
+        return self.history.log_decay(self)
 
     def project(self, hidden_states, position_embeddings):
         """q [B, H, L, d], k and v [B, H_kv, L, d], after the optional q/k norms and RoPE, and the
@@ -256,17 +257,39 @@ class LolcatsAttention(nn.Module):
         """r_h(n) phi_q(q_n): [B, H, L, F], the queries at the positions :func:`query_positions`
         gives for ``mask`` and ``state`` (r = 1 unless ``history_norm`` is ``"power"``)."""
         qf = self.feature_map_q(q)
-        if self.history_norm != "power":
+        if not self.history.scales_queries:
             return qf
         pos = query_positions(mask, state, q.shape[0], q.shape[2], q.device)
-        n = (window_start(self.kind, self.window_size, pos) - self.sink_tokens).clamp(min=1).to(qf.dtype)
-        alpha = torch.sigmoid(self.history_power.to(qf.dtype))
-        return qf * torch.exp(-alpha[None, :, None, None] * n.log()[:, None, :, None])
+        n = (window_start(self.kind, self.window_size, pos) - self.sink_tokens).clamp(min=1)
+        return qf * self.history.query_scale(self, n)
 
-    def own_keys(self, k_in):
-        """``k_in`` when the key feature map reads other keys than the softmax (before RoPE), for the
-        recurrent state to keep beside the window's; None when they are the same keys."""
-        return None if self.feature_positions == "rotary" else k_in
+    def key_offsets(self, mask: torch.Tensor | None, state: HybridState | None, position_ids: torch.Tensor | None,
+                    B: int, L: int, device) -> torch.Tensor | None:
+        """``[B]`` RoPE position id minus window position of each row's keys (None when the feature
+        maps read keys after RoPE, which need no rotating back): from the last real token among the
+        L new ones, the state's where a row has none. Position ids default to the tokens' indices
+        (transformers' cache positions)."""
+        if self.feature_positions == "rotary":
+            return None
+        seen = 0 if state is None else state.seen
+        ids = seen + torch.arange(L, device=device)[None] if position_ids is None else position_ids
+        valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=device)
+        offset = ids.expand(B, L) - query_positions(mask, state, B, L, device)
+        last = (valid.long() * torch.arange(1, L + 1, device=device)).argmax(-1, keepdim=True)  # the last real token
+        held = state.key_offset if state is not None and state.key_offset is not None else torch.zeros_like(offset[:, 0])
+        return torch.where(valid.any(-1), offset.gather(1, last)[:, 0], held)
+
+    def cached_key_features(self, offset: torch.Tensor | None):
+        """phi_k of keys the recurrent state cached after RoPE, ``(keys [B, H_kv, K, d], window
+        positions [B, K]) -> [B, H_s, K, F]``: rotated back at position id ``positions + offset``
+        first when the maps read keys before RoPE (module docstring)."""
+        if offset is None:
+            return lambda keys, positions: self.key_features(keys)
+
+        def features(keys, positions):
+            cos, sin = self.rotary(keys.float(), positions + offset[:, None])
+            return self.key_features(unrotate(keys.float(), cos, sin))
+        return features
 
     def row_pieces(self, q) -> list[slice]:
         """Row ranges of a prompt's batch for :meth:`student`: one piece when autograd records the
@@ -280,7 +303,8 @@ class LolcatsAttention(nn.Module):
 
     def prefill(self, q, k, v, mask, keep_state: bool, q_in, k_in):
         """Outputs of a whole prompt from an empty state, and the state it leaves (None unless
-        ``keep_state``); ``q_in``, ``k_in``: what the feature maps read (:meth:`project`)."""
+        ``keep_state``; its ``key_offset`` unset); ``q_in``, ``k_in``: what the feature maps read
+        (:meth:`project`)."""
         qf, kf = self.features(q_in, k_in, mask)
         rule = self.rule
         y = hybrid_attention(q, k, v, qf, kf, self.mix, rule, mask, self.scaling, decay=self.log_decay())
@@ -288,12 +312,14 @@ class LolcatsAttention(nn.Module):
             return y, None
         B, L = q.shape[0], q.shape[2]
         m = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
-        return y, dispatch.prefill_state(rule, k, v, kf, m, self.log_decay(), self.own_keys(k_in))
+        return y, dispatch.prefill_state(rule, k, v, kf, m, self.log_decay())
 
-    def student(self, q, k, v, mask, past_key_values, q_in, k_in):
+    def student(self, q, k, v, mask, past_key_values, q_in, k_in, position_ids: torch.Tensor | None = None):
         """LoLCATs attention for the new tokens, reading and updating the recurrent state
-        (``q_in``, ``k_in``: what the feature maps read, :meth:`project`)."""
+        (``q_in``, ``k_in``: what the feature maps read, :meth:`project`; ``position_ids`` [B, L]
+        or [1, L]: the tokens' RoPE position ids, for the keys the state folds later)."""
         layer = hybrid_cache_layer(past_key_values, self.layer_idx) if past_key_values is not None else None
+        B, L = q.shape[0], q.shape[2]
         if layer is None or layer.state is None:
             pieces = self.row_pieces(q)
             if len(pieces) == 1:
@@ -307,32 +333,34 @@ class LolcatsAttention(nn.Module):
                     states.append(state)
                 state = HybridState.concat(states) if layer is not None else None
             if layer is not None:
+                state.key_offset = self.key_offsets(mask, None, position_ids, B, L, q.device)
                 layer.state, layer.is_initialized = state, True
             return y
         # state present. A chunk of several tokens (a prompt prefilled in chunks) goes through the
         # parallel form from the carried state where it applies; otherwise, and when decoding, one
         # token at a time, computing key features only for the keys that leave the window.
-        B, L = q.shape[0], q.shape[2]
         valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=q.device)
-        key_features = self.key_features
+        offset = self.key_offsets(mask, layer.state, position_ids, B, L, q.device)
+        key_features = self.cached_key_features(offset)
         if L > 1:
             qf, kf = self.features(q_in, k_in, valid, layer.state)
             out = dispatch.prefill_chunk(layer.state, self.rule, q, k, v, qf, kf, self.mix, valid, key_features,
-                                         self.scaling, self.log_decay(), self.own_keys(k_in))
+                                         self.scaling, self.log_decay())
             if out is not None:
                 y, layer.state = out
+                layer.state.key_offset = offset
                 return y
         else:
             qf = self.query_features(q_in, valid, layer.state)
         outs = []
-        decay, k_own, rule = self.log_decay(), self.own_keys(k_in), self.rule
+        decay, rule = self.log_decay(), self.rule
         for t in range(L):
             y, layer.state = dispatch.decode_step(
                 layer.state, rule, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], qf[:, :, t : t + 1],
                 self.mix, valid[:, t], key_features, self.scaling, decay,
-                None if k_own is None else k_own[:, :, t : t + 1],
             )
             outs.append(y)
+        layer.state.key_offset = offset
         return outs[0] if L == 1 else torch.cat(outs, dim=2)
 
     def token_mask(self, padding_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
@@ -372,5 +400,5 @@ class LolcatsAttention(nn.Module):
             y = self.teacher(q, k, v, attention_mask, **kwargs)
         else:
             mask = self.token_mask(padding_mask, hidden_states.shape[1])
-            y = self.student(q, k, v, mask, past_key_values, q_in, k_in)
+            y = self.student(q, k, v, mask, past_key_values, q_in, k_in, kwargs.get("position_ids"))
         return self.merge_heads(y), None

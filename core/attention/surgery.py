@@ -14,6 +14,7 @@ from __future__ import annotations
 from torch import nn
 
 from core.attention.layer import LolcatsAttention, PaddingMask
+from core.attention.rotary import layer_rotary
 from core.config import PREDATING, SUPPORTED_ARCHITECTURES, AttentionSpec, ConfigError
 
 
@@ -102,6 +103,7 @@ def linearize(model: nn.Module, spec: AttentionSpec) -> nn.Module:
             num_kv_heads=num_kv_heads,
             padding=padding,
         )
+        layer.self_attn.rotary = layer_rotary(model, i)
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     decoder.register_forward_pre_hook(padding.hook, with_kwargs=True)
     decoder.register_forward_hook(padding.clear, with_kwargs=True)

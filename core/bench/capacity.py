@@ -83,7 +83,7 @@ def synthetic_cache(model: nn.Module, batch: int, length: int, seed: int = 0) ->
                 rand((batch, Hs, Fd, d), kind=torch.float32), rand((batch, Hs, Fd), True, torch.float32) + 1.0,
                 rand((batch, Hkv, K, d)), rand((batch, Hkv, K, d)), win_pos, win_valid,
                 torch.zeros(batch, dtype=torch.long, device=device), length, *sinks,
-                win_kin=rand((batch, Hkv, K, d)) if attn.feature_positions == "none" else None,  # keys before RoPE
+                key_offset=torch.zeros(batch, dtype=torch.long, device=device),
             )
             layers.append(HybridCacheLayer(state))
         else:

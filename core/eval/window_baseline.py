@@ -90,14 +90,13 @@ def state_bytes(attn: LolcatsAttention, dtype_bytes: int) -> dict[str, int]:
     """Bytes one converted layer holds per sequence at decode, and one key/value token's bytes:
 
     S [H_s, F, d] and z [H_s, F] in float32 (H_s: the key feature map's heads, H or H_kv), the window
-    cache of window_capacity(kind, w) keys and values [H_kv, d] (and the same keys before RoPE when
-    the feature maps read those) and the sink cache of s keys and values in the model's dtype."""
+    cache of window_capacity(kind, w) keys and values [H_kv, d] and the sink cache of s keys and
+    values in the model's dtype."""
     H, Hkv, d = attn.state_heads, attn.num_kv_heads, attn.head_dim
     F = attn.feature_map_q.output_dim
     kv_token = 2 * Hkv * d * dtype_bytes
     ring = window_capacity(attn.kind, attn.window_size)
-    unrotated = ring * Hkv * d * dtype_bytes if attn.feature_positions == "none" else 0
-    state = 4 * H * F * (d + 1) + (ring + attn.sink_tokens) * kv_token + unrotated
+    state = 4 * H * F * (d + 1) + (ring + attn.sink_tokens) * kv_token
     return {"state_bytes": state, "kv_bytes_per_token": kv_token}
 
 

@@ -25,12 +25,14 @@ import torch
 from torch import nn
 
 from safetensors.torch import load_file, save_file
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from kernels.hybrid.naive import hybrid_attention_matrix, softmax_attention_matrix
 from core.train.checkpoint import load_checkpoint, save_checkpoint
 from core.config import Stage1Spec
 from core.attention.layer import teacher_attention
-from core.attention.surgery import lolcats_modules
+from core.attention.rotary import layer_rotary
+from core.attention.surgery import lolcats_modules, sliding_layers
 from core.progress import ProgressCallback
 from core.train.loop import Batch, LoopSpec, load_best, run_loop
 from core.train.parallel import ONE_PROCESS
@@ -73,9 +75,18 @@ def _run_layers(model: nn.Module, batch: Batch, layers: range) -> None:
     decoder = model.get_decoder()
     h = batch["hidden"]
     pos = torch.arange(h.shape[1], device=h.device)[None]
-    pe = decoder.rotary_emb(h, pos)
+    # what the decoder gives each layer: its rotary table (Gemma 3: one per layer type) and its causal
+    # mask, a sliding window for the model's own sliding-window layers (their teacher attends to it)
+    rotary = {i: layer_rotary(model, i) for i in layers}
+    tables = {r.layer_type: r(h, pos) for r in rotary.values()}
+    sliding = sliding_layers(model.config.get_text_config(decoder=True), len(decoder.layers))
+    mask_args = dict(config=decoder.config, inputs_embeds=h, attention_mask=None, past_key_values=None, position_ids=pos)
+    masks = {False: create_causal_mask(**mask_args)}
+    if sliding & set(layers):
+        masks[True] = create_sliding_window_causal_mask(**mask_args)
     for i in layers:
-        h = decoder.layers[i](h, attention_mask=None, position_embeddings=pe, position_ids=pos, use_cache=False)
+        h = decoder.layers[i](h, attention_mask=masks[i in sliding], position_embeddings=tables[rotary[i].layer_type],
+                              position_ids=pos, use_cache=False)
 
 
 def layer_losses(model: nn.Module, batch: Batch, xent: bool = False, layers: range | None = None
@@ -185,8 +196,9 @@ def teacher_inputs(model: nn.Module, blocks: Batch, starts: list[int], folder: P
     outs: dict[int, list[torch.Tensor]] = {s: [] for s in starts}
     with teacher_attention(lolcats_modules(model).values()):
         for i in range(n):
-            hs = model(input_ids=blocks["input_ids"][i : i + 1].to(device), use_cache=False,
-                       output_hidden_states=True).hidden_states
+            # the decoder alone: the LM head's logits are not needed (Gemma 3's 262k-token head would be the slow part)
+            hs = model.get_decoder()(input_ids=blocks["input_ids"][i : i + 1].to(device), use_cache=False,
+                                     output_hidden_states=True).hidden_states
             for s in starts:
                 outs[s].append(hs[s].float().cpu())
     folder.mkdir(parents=True, exist_ok=True)

@@ -48,16 +48,16 @@ def _first_tokens(state: HybridState, mask: torch.Tensor) -> torch.Tensor:
 
 def prefill_chunk(
     state: HybridState, rule: WindowRule, q, k, v, q_feat, k_feat, mix, mask, key_features: KeyFeatures, scale: float,
-    decay=None, k_in=None,
+    decay=None,
 ) -> tuple[torch.Tensor, HybridState] | None:
     """Outputs ``[B, H, C, d]`` of a chunk of C tokens and the state after it; None when the chunk
     form does not apply (see the module docstring) and the caller steps token by token.
 
     rule: the window rule the state was built with (:class:`kernels.hybrid.window.WindowRule`),
     q ``[B, H, C, d]``, k and v ``[B, H_kv, C, d]``, q_feat ``[B, H, C, F]``, k_feat ``[B, H_s, C, F]``
-    (H_s: the state's heads, H or H_kv), mix ``[H]``, mask ``[B, C]`` bool, key_features: raw keys
-    ``[B, H_kv, K, d]`` -> ``[B, H_s, K, F]`` (for the ring's keys), decay: None or log gamma ``[H_s]``, k_in: None, or the keys phi_k reads when they
-    are not k ``[B, H_kv, C, d]`` (the state then keeps them in its ring). ``state`` is not modified."""
+    (H_s: the state's heads, H or H_kv), mix ``[H]``, mask ``[B, C]`` bool, key_features: (the ring's
+    keys ``[B, H_kv, K, d]``, their positions ``[B, K]``) -> ``[B, H_s, K, F]``, decay: None or log
+    gamma ``[H_s]``. ``state`` is not modified."""
     if state.sinks != rule.sinks:
         raise ValueError(f"the state holds {state.sinks} sink tokens and the rule {rule.sinks}; "
                          "carry a state with the rule it was built with")
@@ -77,7 +77,8 @@ def prefill_chunk(
         start = index[maskx.long().argmax(-1)] - first  # position of X's first real key
         if bool((has & (start % w != 0)).any()):
             return None
-    kfx = torch.cat([key_features(state.feature_keys[:, :, slots]).to(k_feat.dtype), k_feat], dim=2) if K else k_feat
+    ring_feat = key_features(state.win_k[:, :, slots], state.win_pos[:, slots]) if K else None
+    kfx = torch.cat([ring_feat.to(k_feat.dtype), k_feat], dim=2) if K else k_feat
     qx = torch.cat([q.new_zeros(B, H, K, d), q], dim=2)  # the ring's queries are computed and dropped
     qfx = torch.cat([q_feat.new_zeros(B, H, K, q_feat.shape[-1]), q_feat], dim=2)
     pos = torch.where(first[:, None] >= 0, index[None, :] - first[:, None], torch.full_like(maskx, -1, dtype=torch.long))
@@ -111,10 +112,6 @@ def prefill_chunk(
     win_k, win_v = torch.empty_like(state.win_k), torch.empty_like(state.win_v)
     win_pos, win_valid = torch.empty_like(state.win_pos), torch.empty_like(state.win_valid)
     win_k[:, :, new_slots], win_v[:, :, new_slots] = kx[:, :, keep], vx[:, :, keep]
-    win_kin = None
-    if state.win_kin is not None:
-        win_kin = torch.empty_like(state.win_kin)
-        win_kin[:, :, new_slots] = torch.cat([state.win_kin[:, :, slots], k_in], dim=2)[:, :, keep]
     win_pos[:, new_slots], win_valid[:, new_slots] = pos[:, keep], inside[:, keep]
-    return y, HybridState(S, z, win_k, win_v, win_pos, win_valid, first, seen + C, *sink, win_kin=win_kin)
+    return y, HybridState(S, z, win_k, win_v, win_pos, win_valid, first, seen + C, *sink, key_offset=state.key_offset)
 

@@ -8,9 +8,12 @@ the window cache, a ring of K = window_capacity(kind, w) raw keys and values per
 ``[B, H_kv, K, d]`` with each slot's position and validity ``[B, K]`` (``kernels.hybrid.ring``);
 ``first [B]``, each row's first real token (-1 while it has none), and ``seen``, the tokens so far.
 With s sink tokens, also the sink keys and values ``[B, H_kv, s, d]`` (positions 0..s-1 of each
-row) and which of them a row has seen ``[B, s]``; they never enter S, z. When the key feature map
-reads other keys than the softmax (keys before RoPE: ``attention.feature_positions: none``), the
-ring holds those too (``win_kin``), for the keys it folds.
+row) and which of them a row has seen ``[B, s]``; they never enter S, z. The ring holds each key
+once, as the softmax reads it: the features of the keys it folds come from the caller's
+``key_features(keys, positions)``, which may read other keys than the softmax (the keys before
+RoPE, ``attention.feature_positions: none``: it rotates them back), and ``key_offset`` ``[B]``, the
+caller's per-row offset from a key's position to its own position label (the RoPE position id),
+travels with the rows for it; the op never reads it.
 
 Invariant after a token at position p: S, z hold exactly the real keys with s <= position
 < window_start(p) and the cache the real keys at or above it. So :func:`prefill_state` after the
@@ -38,7 +41,8 @@ from kernels.hybrid.heads import read_state
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 from kernels.hybrid.window import WindowRule, window_start
 
-KeyFeatures = Callable[[torch.Tensor], torch.Tensor]  # raw keys [B, H_kv, K, d] -> [B, H_s, K, F]
+# phi_k of cached keys: (keys [B, H_kv, K, d] as the softmax reads them, their positions [B, K]) -> [B, H_s, K, F]
+KeyFeatures = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -54,16 +58,11 @@ class HybridState:
     sink_k: torch.Tensor | None = None  # [B, H_kv, s, d]: keys at positions 0..s-1 (None: no sinks)
     sink_v: torch.Tensor | None = None  # [B, H_kv, s, d]
     sink_valid: torch.Tensor | None = None  # [B, s] bool: the row has seen that position
-    win_kin: torch.Tensor | None = None  # [B, H_kv, K, d]: the keys phi_k reads, when not win_k (None: win_k)
+    key_offset: torch.Tensor | None = None  # [B] long: the caller's label offset for its key_features (never read here)
 
     @property
     def sinks(self) -> int:
         return 0 if self.sink_k is None else self.sink_k.shape[2]
-
-    @property
-    def feature_keys(self) -> torch.Tensor:
-        """The ring's keys as the key feature map reads them ``[B, H_kv, K, d]``."""
-        return self.win_k if self.win_kin is None else self.win_kin
 
     def stepped(self, S, z, first) -> "HybridState":
         """The state after a decode step: new S, z and ``first``, the same (updated in place) ring and sinks."""
@@ -125,12 +124,12 @@ def fold_keys(S, z, k_feat, v, weight):
     return S + Sz[..., :d], z + Sz[..., d]
 
 
-def prefill_state(rule: WindowRule, k, v, k_feat, mask, decay=None, k_in=None) -> HybridState:
+def prefill_state(rule: WindowRule, k, v, k_feat, mask, decay=None) -> HybridState:
     """The state after a parallel forward over a whole prompt (empty state before).
 
     rule: the window rule (kind, w, s sink tokens); k, v: [B, H_kv, L, d]; k_feat: [B, H_s, L, F]
     (H_s = H or H_kv, the state's heads); mask: [B, L] bool (1 = token); decay: None or log gamma
-    [H_s]; k_in: None, or the keys phi_k read when they are not k [B, H_kv, L, d]."""
+    [H_s]."""
     kind, w, sinks = rule.kind, rule.window_size, rule.sinks
     B, Hkv, L, d = k.shape
     H, Fd = k_feat.shape[1], k_feat.shape[-1]
@@ -150,47 +149,44 @@ def prefill_state(rule: WindowRule, k, v, k_feat, mask, decay=None, k_in=None) -
         S, z = fold_keys(S, z, k_feat[:, :, a:b], v[:, :, a:b], fold_ages(decay, kind, w, last, pos[:, a:b], fold[:, a:b]))
     K = rule.capacity
     win_k, win_v = k.new_zeros(B, Hkv, K, d), v.new_zeros(B, Hkv, K, d)
-    win_kin = None if k_in is None else k_in.new_zeros(B, Hkv, K, d)
     win_pos = torch.zeros(B, K, dtype=torch.long, device=k.device)
     win_valid = torch.zeros(B, K, dtype=torch.bool, device=k.device)
     if K:
         last = torch.arange(max(L - K, 0), L, device=k.device)  # the prompt's last K tokens, into slots j % K
         slots = last % K
         win_k[:, :, slots], win_v[:, :, slots] = k[:, :, last], v[:, :, last]
-        if k_in is not None:
-            win_kin[:, :, slots] = k_in[:, :, last]
         win_pos[:, slots], win_valid[:, slots] = pos[:, last], inside[:, last]
     sink = (None,) * 3
     if sinks:  # the keys at positions 0..s-1, into an empty sink cache
         empty = k.new_zeros(B, Hkv, sinks, d), v.new_zeros(B, Hkv, sinks, d), mask.new_zeros(B, sinks)
         sink = store_sinks(empty, k, v, pos, mask)
-    return HybridState(S, z, win_k, win_v, win_pos, win_valid, first, L, *sink, win_kin=win_kin)
+    return HybridState(S, z, win_k, win_v, win_pos, win_valid, first, L, *sink)
 
 
 def decode_step_torch(
     state: HybridState, rule: WindowRule, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
-    decay=None, k_in=None,
+    decay=None,
 ) -> tuple[torch.Tensor, HybridState]:
     """Process one token for every row; returns y [B, H, 1, d] and the new state (which shares the
     window cache, updated in place, with ``state``).
 
     rule: the window rule the state was built with (its sink tokens are the state's), q [B, H, 1, d],
     k and v [B, H_kv, 1, d], q_feat [B, H, 1, F], mix [H] logits, valid [B] bool (False for a
-    padding token), key_features: raw keys [B, H_kv, C, d] -> [B, H_s, C, F] (phi_k per state head,
-    applied only to the keys folded into the state), scale: the score scale, decay: None or log
-    gamma [H_s], k_in: None, or the key phi_k reads when it is not k [B, H_kv, 1, d]."""
+    padding token), key_features: (keys [B, H_kv, C, d], positions [B, C]) -> [B, H_s, C, F] (phi_k
+    per state head, applied only to the keys folded into the state), scale: the score scale, decay:
+    None or log gamma [H_s]."""
     kind, w = rule.kind, rule.window_size
     first, pos = token_position(state, valid)
     S, z = advance(state.S, state.z, decay, kind, w, pos - 1, pos)
     if kind == "linear":  # no window: the key goes straight into the state
-        S, z = fold_keys(S, z, key_features(k if k_in is None else k_in), v, valid[:, None])
+        S, z = fold_keys(S, z, key_features(k, pos[:, None]), v, valid[:, None])
     else:  # fold the keys that leave the window (sink keys leave it unfolded), then write the new one into its slot
         fold = leaving(kind, w, state, pos)
         cols = leaving_columns(kind, state, fold)
         if cols.numel():
-            S, z = fold_keys(S, z, key_features(state.feature_keys[:, :, cols]), state.win_v[:, :, cols],
+            S, z = fold_keys(S, z, key_features(state.win_k[:, :, cols], state.win_pos[:, cols]), state.win_v[:, :, cols],
                              fold_weight(state, fold, cols, kind, w, pos, decay))
-        place_token(state, k, v, pos, valid, fold, k_in)
+        place_token(state, k, v, pos, valid, fold)
     sink, win_k, win_v, win_valid = step_window(state, kind, w, k, v, pos, valid)
 
     windowed = kind != "linear"

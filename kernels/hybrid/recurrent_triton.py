@@ -93,7 +93,7 @@ def hybrid_decode_kernel(
 
 def decode_step_triton(
     state: HybridState, rule: WindowRule, q, k, v, q_feat, mix, valid, key_features: KeyFeatures, scale: float,
-    decay=None, k_in=None, *, inplace: bool = False,
+    decay=None, *, inplace: bool = False,
 ) -> tuple[torch.Tensor, HybridState]:
     """One decode step through the Triton kernel; returns ``(y [B, H, 1, d], new_state)``.
 
@@ -103,11 +103,10 @@ def decode_step_triton(
         q: ``[B, H, 1, d]``; k, v: ``[B, H_kv, 1, d]``; q_feat: ``[B, H, 1, F]``.
         mix: ``[H]`` mixing logits.
         valid: ``[B]`` bool, False for a padding token.
-        key_features: raw keys ``[B, H_kv, C, d]`` -> ``[B, H_s, C, F]`` (phi_k per state head,
-            H_s = H or H_kv: ``kernels.hybrid.heads``).
+        key_features: (keys ``[B, H_kv, C, d]``, their positions ``[B, C]``) -> ``[B, H_s, C, F]``
+            (phi_k per state head, H_s = H or H_kv: ``kernels.hybrid.heads``).
         scale: score scale.
         decay: None or log gamma ``[H_s]`` (``kernels.hybrid.decay``).
-        k_in: None, or the key phi_k reads when it is not k ``[B, H_kv, 1, d]``.
         inplace: update ``state.S`` and ``state.z`` in place instead of allocating new ones
             (saves a copy per step; the old state object then shares them; a state per key/value
             head is never updated in place, since G programs read it). Default: ``False``.
@@ -121,19 +120,19 @@ def decode_step_triton(
     kind, w = rule.kind, rule.window_size
     first, pos = token_position(state, valid)
     if kind == "linear":  # no window: the key goes straight into the state
-        kfold, vfold = key_features(k if k_in is None else k_in) * valid[:, None, None, None].to(q_feat.dtype), v
+        kfold, vfold = key_features(k, pos[:, None]) * valid[:, None, None, None].to(q_feat.dtype), v
     else:
         fold = leaving(kind, w, state, pos)
         cols = leaving_columns(kind, state, fold)
         if cols.numel():
             weight = fold_weight(state, fold, cols, kind, w, pos, decay)
             weight = (weight[:, :, :, None] if weight.dim() == 3 else weight[:, None, :, None]).to(q_feat.dtype)
-            kfold = key_features(state.feature_keys[:, :, cols]) * weight  # [B, H_s, C, F]
+            kfold = key_features(state.win_k[:, :, cols], state.win_pos[:, cols]) * weight  # [B, H_s, C, F]
             vfold = state.win_v[:, :, cols]  # [B, H_kv, C, d]
         else:
             kfold = q_feat.new_zeros(B, Hs, 0, Fd)
             vfold = v.new_zeros(B, Hkv, 0, d)
-        place_token(state, k, v, pos, valid, fold, k_in)
+        place_token(state, k, v, pos, valid, fold)
     kfold = kfold if kfold.stride(-1) == 1 else kfold.contiguous()
     vfold = vfold if vfold.stride(-1) == 1 else vfold.contiguous()
     sink, win_k, win_v, win_valid = step_window(state, kind, w, k, v, pos, valid)  # the ring (and sinks)

@@ -38,19 +38,14 @@ def leaving_columns(kind: str, state, fold: torch.Tensor) -> torch.Tensor:
 
 
 def place_token(state, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor,
-                fold: torch.Tensor, k_in: torch.Tensor | None = None) -> None:
-    """Clear the leaving keys' validity and write the new token (k, v ``[B, H_kv, 1, d]``, and the
-    key the feature map reads, ``k_in``, where the state keeps it) into slot ``seen % K`` of the
-    window cache, in place."""
+                fold: torch.Tensor) -> None:
+    """Clear the leaving keys' validity and write the new token (k, v ``[B, H_kv, 1, d]``) into slot
+    ``seen % K`` of the window cache, in place."""
     if state.win_k.is_inference() and not torch.is_inference_mode_enabled():  # written under inference_mode
         state.win_k, state.win_v = state.win_k.clone(), state.win_v.clone()
         state.win_pos, state.win_valid = state.win_pos.clone(), state.win_valid.clone()
-        if state.win_kin is not None:
-            state.win_kin = state.win_kin.clone()
     slot = state.seen % state.win_k.shape[2]
     state.win_valid &= ~fold
-    if state.win_kin is not None:
-        state.win_kin[:, :, slot] = k_in[:, :, 0]
     state.win_k[:, :, slot] = k[:, :, 0]
     state.win_v[:, :, slot] = v[:, :, 0]
     state.win_pos[:, slot] = pos

@@ -12,6 +12,7 @@ import torch
 
 from core.attention import hybrid_attention
 from kernels import dispatch
+from kernels.hybrid.naive import positions
 from kernels.hybrid.window import WindowRule
 from tests.attention_inputs import make_inputs
 from tests.kernels.conftest import DEVICE
@@ -87,7 +88,7 @@ def test_decode_step_follows_the_same_switch(monkeypatch):
     ys = []
     for backend in ("torch", "triton", "auto"):
         monkeypatch.setenv(dispatch.ENV_VAR, backend)
-        state = dispatch.prefill_state(case.rule, case.k, case.v, case.key_features(case.k), case.mask)
+        state = dispatch.prefill_state(case.rule, case.k, case.v, case.key_features(case.k, positions(case.mask)), case.mask)
         y, state = dispatch.decode_step(state, *case.step_args(0))
         assert state.seen == case.k.shape[2] + 1
         ys.append(y)

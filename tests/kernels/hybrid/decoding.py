@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from core.attention import HedgehogFeatureMap
-from kernels.hybrid.naive import naive_hybrid_attention
+from kernels.hybrid.naive import naive_hybrid_attention, positions
 from kernels.hybrid.recurrent_torch import HybridState, decode_step_torch, prefill_state
 from kernels.hybrid.recurrent_triton import decode_step_triton
 from kernels.hybrid.window import WindowRule
@@ -30,30 +30,32 @@ class DecodeCase:
     mask: torch.Tensor  # prompt mask [B, P] bool
     steps: list[tuple[torch.Tensor, ...]]  # per step (q, k, v, q_feat, valid)
     mix: torch.Tensor
-    key_features: Callable[[torch.Tensor], torch.Tensor]
+    key_features: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (keys, positions) -> phi_k
     scale: float
     sinks: int = 0
     decay: torch.Tensor | None = None  # log gamma [H_s]
-    own_keys: bool = False  # phi_k reads other keys than the softmax (feature_keys of them), kept in the state
 
     @property
     def rule(self) -> WindowRule:
         return WindowRule(self.kind, self.w, self.sinks)
 
-    def feature_keys(self, k: torch.Tensor) -> torch.Tensor | None:
-        """The keys phi_k reads for keys ``k`` when they are not ``k`` (a fixed mix of its
-        coordinates, standing for the keys before RoPE), else None."""
-        return 0.8 * k.flip(-1) + 0.3 * k if self.own_keys else None
-
     def step_args(self, t: int) -> tuple:
         """The arguments of the decode step for step ``t`` (those after the state)."""
         q, k, v, qf, valid = self.steps[t]
-        return (self.rule, q, k, v, qf, self.mix, valid, self.key_features, self.scale, self.decay, self.feature_keys(k))
+        return (self.rule, q, k, v, qf, self.mix, valid, self.key_features, self.scale, self.decay)
 
     def prefill(self) -> HybridState:
         """The state after the prompt."""
-        return prefill_state(self.rule, self.k, self.v, self.key_features(self.feature_keys(self.k) if
-                             self.own_keys else self.k), self.mask, self.decay, self.feature_keys(self.k))
+        return prefill_state(self.rule, self.k, self.v, self.key_features(self.k, positions(self.mask)), self.mask,
+                             self.decay)
+
+
+def feature_keys(k: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """What phi_k reads when it reads other keys than the softmax: a mix of the key's coordinates
+    that depends on its position ``pos`` ``[B, K]`` (k ``[B, H_kv, K, d]``), standing for the key
+    before RoPE, which the layer recovers from the cached key and its position."""
+    turn = torch.cos(0.3 * pos.to(k.dtype))[:, None, :, None]
+    return 0.8 * k.flip(-1) * turn + 0.3 * k
 
 
 def sample_decay(H: int) -> torch.Tensor:
@@ -63,14 +65,19 @@ def sample_decay(H: int) -> torch.Tensor:
 
 def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9, T=13, sinks=0, decay=False,
                 own_keys=False, kv_maps=False) -> DecodeCase:
-    """``kv_maps``: the key feature map (and so the state and the decay rates) per key/value head,
+    """``own_keys``: phi_k reads :func:`feature_keys` of the keys and their positions, not the keys;
+    ``kv_maps``: the key feature map (and so the state and the decay rates) per key/value head,
     else per query head."""
     Hs = Hkv if kv_maps else H  # the state's heads
     g = torch.Generator().manual_seed(42)
     torch.manual_seed(42)
     fq = HedgehogFeatureMap(H, d, f, init="random").to(DEVICE)
     fk = HedgehogFeatureMap(Hs, d, f, init="random").to(DEVICE)
-    key_features = lambda keys: fk(keys.repeat_interleave(Hs // Hkv, dim=1))  # noqa: E731
+    read = feature_keys if own_keys else (lambda keys, pos: keys)
+
+    def key_features(keys, pos):
+        return fk(read(keys, pos).repeat_interleave(Hs // Hkv, dim=1))
+
     rand = lambda *shape: torch.randn(*shape, generator=g).to(device=DEVICE, dtype=dtype)  # noqa: E731
     mix = torch.randn(H, generator=g).to(DEVICE)
     k, v = rand(B, Hkv, P, d), rand(B, Hkv, P, d)
@@ -85,8 +92,7 @@ def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9
             valid[2:] = t >= 2
             valid[1] = t % 5 != 3
             steps.append((q_t, k_t, v_t, fq(q_t), valid))
-    return DecodeCase(kind, w, k, v, mask, steps, mix, key_features, d**-0.5, sinks, sample_decay(Hs) if decay else None,
-                      own_keys)
+    return DecodeCase(kind, w, k, v, mask, steps, mix, key_features, d**-0.5, sinks, sample_decay(Hs) if decay else None)
 
 
 def whole_sequence(case: DecodeCase) -> tuple[torch.Tensor, ...]:
@@ -107,7 +113,7 @@ def assert_matches_naive(case: DecodeCase, ys: list[torch.Tensor], ratio: float)
     F = case.steps[0][3].shape[-1]
     q = torch.cat([case.steps[0][0].new_zeros(B, H, P, d)] + [s[0] for s in case.steps], dim=2)
     qf = torch.cat([case.steps[0][3].new_zeros(B, H, P, F)] + [s[3] for s in case.steps], dim=2)
-    kf = case.key_features(case.feature_keys(k) if case.own_keys else k)
+    kf = case.key_features(k, positions(mask))
     decay = case.decay
     if kf.shape[1] != H:  # a state per key/value head: the oracle reads each query head's group, explicitly
         G = H // kf.shape[1]
@@ -136,8 +142,8 @@ def check_decode_triton(kind, w, *, dtype=torch.float32, inplace=False, B=3, H=4
             assert_close(f"y step {t}", y_ref, y_tri, ratio)
             assert_close(f"S step {t}", state_ref.S, state_tri.S, ratio)
             assert_close(f"z step {t}", state_ref.z, state_tri.z, ratio)
-            for name in ("win_k", "win_v", "win_pos", "win_valid", "first", "sink_k", "sink_v", "sink_valid", "win_kin"):
-                held = (sinks or "sink" not in name) and (own_keys or name != "win_kin")
+            for name in ("win_k", "win_v", "win_pos", "win_valid", "first", "sink_k", "sink_v", "sink_valid"):
+                held = sinks or "sink" not in name
                 assert torch.equal(getattr(state_ref, name), getattr(state_tri, name)) if held \
                     else getattr(state_ref, name) is getattr(state_tri, name) is None, f"{name} step {t}"
             assert state_ref.seen == state_tri.seen

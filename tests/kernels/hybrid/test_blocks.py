@@ -65,7 +65,7 @@ def test_carried_chunk_in_pieces_equals_whole(monkeypatch, kind, sinks):
     q, k, v, qf, _, mix, mask = make_inputs(3, 6, 3, 100, 16, 8, pads=(0, 9, 30), seed=5)
     torch.manual_seed(5)
     fmap = build_feature_map("hedgehog", 6, 16, 8, init="random")
-    fk = lambda keys: fmap(keys.repeat_interleave(2, dim=1))
+    fk = lambda keys, positions=None: fmap(keys.repeat_interleave(2, dim=1))  # noqa: E731 (positions: unused)
     with torch.no_grad():
         kf = fk(k)
     m = mask.bool()

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernels.hybrid import compiled, recurrent_torch
+from kernels.hybrid.naive import positions
 from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state, readout
 from tests.kernels.hybrid.decoding import assert_matches_naive, decode_case
 
@@ -34,7 +35,7 @@ def readout_args(B=2, H=4, Hkv=2, d=16, F=8, K=8):
 def test_compiled_readout_equals_the_eager_one_across_steps(fresh):
     # one tiny graph (about 10 s of compilation), reused: decoding calls it at every step
     case = decode_case("terraced", 4, P=9, T=6)
-    state = prefill_state(case.rule, case.k, case.v, case.key_features(case.k), case.mask)
+    state = prefill_state(case.rule, case.k, case.v, case.key_features(case.k, positions(case.mask)), case.mask)
     ys = []
     for t in range(6):
         y, state = decode_step_torch(state, *case.step_args(t))

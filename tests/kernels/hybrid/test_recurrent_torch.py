@@ -4,6 +4,7 @@ and the state it reaches against a prefill of the whole sequence (rows: see deco
 import pytest
 import torch
 
+from kernels.hybrid.naive import positions
 from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state
 from kernels.hybrid.window import KINDS, WindowRule, window_capacity
 from tests.kernels.hybrid.decoding import assert_matches_naive, decode_case, whole_sequence
@@ -19,8 +20,9 @@ from tests.kernels.utils import assert_close
 @pytest.mark.parametrize("w, P, T", [(4, 9, 13), (40, 70, 14)], ids=["w4", "w40"])
 @torch.no_grad()
 def test_decode_matches_naive_and_a_whole_prefill(kind, sinks, decay, own_keys, kv_maps, w, P, T):
-    """``own_keys``: phi_k reads other keys than the softmax (keys before RoPE), which the state keeps;
-    ``kv_maps``: the key feature map, the state and the decay rates per key/value head."""
+    """``own_keys``: phi_k reads other keys than the softmax (keys before RoPE), computed from each
+    cached key and its position; ``kv_maps``: the key feature map, the state and the decay rates per
+    key/value head."""
     case = decode_case(kind, w, P=P, T=T, sinks=sinks, decay=decay, own_keys=own_keys, kv_maps=kv_maps)
     state = case.prefill()
     ys = []
@@ -30,8 +32,7 @@ def test_decode_matches_naive_and_a_whole_prefill(kind, sinks, decay, own_keys, 
     assert_matches_naive(case, ys, 1e-5)
 
     k, v, mask = whole_sequence(case)
-    kin = case.feature_keys(k)
-    whole = prefill_state(WindowRule(kind, w, sinks), k, v, case.key_features(k if kin is None else kin), mask, case.decay, kin)
+    whole = prefill_state(WindowRule(kind, w, sinks), k, v, case.key_features(k, positions(mask)), mask, case.decay)
     assert whole.seen == state.seen == P + T and whole.win_k.shape[2] == window_capacity(kind, w)
     assert state.S.shape[1] == state.z.shape[1] == (2 if kv_maps else 4)  # the state's heads
     assert_close("S", whole.S, state.S, 1e-5)
@@ -39,9 +40,8 @@ def test_decode_matches_naive_and_a_whole_prefill(kind, sinks, decay, own_keys, 
     assert torch.equal(whole.first, state.first) and torch.equal(whole.win_valid, state.win_valid)
     cached = whole.win_valid[:, None, :, None]
     assert torch.equal(whole.win_pos[whole.win_valid], state.win_pos[state.win_valid])
-    for name in ("win_k", "win_v") + (("win_kin",) if own_keys else ()):
+    for name in ("win_k", "win_v"):
         assert torch.equal(torch.where(cached, getattr(whole, name), 0), torch.where(cached, getattr(state, name), 0)), name
-    assert (whole.win_kin is None) == (state.win_kin is None) == (not own_keys)
     assert_same_sinks(whole, state, sinks)
 
 
