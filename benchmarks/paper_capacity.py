@@ -101,7 +101,7 @@ def main() -> int:
 
     if args.cpu_smoke:
         fields, device, dtype, budget = TINY, torch.device("cpu"), torch.float32, "2GiB"
-        args.context, args.max_batch = 64, 8
+        args.context, args.max_batch, args.layers = 64, 8, min(args.layers, 2)
     elif not torch.cuda.is_available():
         print("benchmarks/paper_capacity.py measures on a GPU and needs a CUDA device; none is available here. "
               "Nothing was measured.")
@@ -113,7 +113,7 @@ def main() -> int:
     log = lambda message: print(message, flush=True)  # noqa: E731
     model = build_model(fields, args.layers, dtype, device)
     weights = weight_bytes(model)
-    log(f"built a {args.layers}-layer model: {weights / 2**30:.1f} GiB of {args.dtype if not args.cpu_smoke else 'float32'} weights")
+    log(f"built a {args.layers}-layer model: {weights / 2**30:.1f} GiB of {str(dtype).removeprefix('torch.')} weights")
     tracker = peak_tracker(device)
     common = dict(steps=args.steps, tracker=tracker, seed=0, max_batch=args.max_batch, log=log)
     teacher = run_capacity({"teacher": model}, [args.context], budget, weights={"teacher": weights}, **common)
