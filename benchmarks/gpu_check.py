@@ -20,7 +20,8 @@ leaves the others' results; the JSON is rewritten after every part, so a run sto
 keeps what finished. ``--parts`` reruns some of them (the others' results are kept from an
 existing JSON). First the Python modules the parts need are checked, and the missing ones named.
 
-    python benchmarks/gpu_check.py [--parts cuda_tests kernels capacity conversion] [--out PATH]
+    python benchmarks/gpu_check.py [--parts cuda_tests kernels capacity conversion] [--limit PART=SECONDS ...]
+                                   [--out PATH]
 
 On a machine without CUDA it prints one line and exits 0, running nothing.
 """
@@ -167,13 +168,25 @@ def part_conversion(tmp: Path, timeout: float, preset: str = "cpu-demo", setting
     return out
 
 
-# name -> (runner, time limit in seconds); together about 8 minutes
+# name -> (runner, time limit in seconds); together 8 minutes. Most of a first run's time is Triton
+# compiling the kernels' variants (cached in ~/.triton for the later parts and runs).
 PARTS = {
-    "cuda_tests": (part_cuda_tests, 150),
+    "cuda_tests": (part_cuda_tests, 140),
     "kernels": (part_kernels, 120),
-    "capacity": (part_capacity, 100),
+    "capacity": (part_capacity, 110),
     "conversion": (part_conversion, 110),
 }
+
+
+def parse_limits(items: list[str]) -> dict[str, float]:
+    """``PART=SECONDS`` items -> {part: seconds}; ``ValueError`` naming a bad item."""
+    limits = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in PARTS or not value.replace(".", "", 1).isdigit():
+            raise ValueError(f"--limit takes PART=SECONDS with PART one of {', '.join(PARTS)}; got {item!r}")
+        limits[name] = float(value)
+    return limits
 
 
 def machine() -> dict:
@@ -199,8 +212,14 @@ def write(result: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS))
+    parser.add_argument("--limit", nargs="*", default=[], metavar="PART=SECONDS",
+                        help="time limits other than the defaults: " + ", ".join(f"{n}={t}" for n, (_, t) in PARTS.items()))
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/gpu-check-<device>.json")
     args = parser.parse_args(argv)
+    try:
+        limits = parse_limits(args.limit)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     import torch
 
@@ -219,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         for name in args.parts:
-            runner, timeout = PARTS[name]
+            runner, timeout = PARTS[name][0], limits.get(name, PARTS[name][1])
             print(f"gpu-check: {name} (at most {timeout} s)", flush=True)
             try:
                 result["parts"][name] = runner(Path(tmp), timeout)
