@@ -3,9 +3,9 @@
 Everything is measured side by side in one run, on one device, and printed and written as JSON
 (default ``benchmarks/results/kernels-<device>.json``):
 
-* check: Triton vs the PyTorch form (output and all six gradients, relative RMS) at L = 1000 with
-  left padding, float32 and bfloat16, and the decode kernel vs the reference decode step over 150
-  steps: the first thing to read on a new device.
+* check: Triton vs the PyTorch form (output and every gradient, log gamma's with a decay; relative
+  RMS) at L = 1000 with left padding, float32 and bfloat16, and the decode kernel vs the reference
+  decode step over 150 steps: the first thing to read on a new device.
 * peak: the device's measured peak: a large bf16 and tf32 matmul (FLOP/s) and a large copy (B/s).
 * prefill: time of forward and forward+backward at L = 1k..32k for each kind: Triton kernels, the
   PyTorch form, causal softmax SDPA (default backend, and the flash backend forced) and the

@@ -4,7 +4,10 @@ Same contract as :func:`kernels.hybrid.chunk_torch.hybrid_attention_torch` (equa
 q ``[B, H, L, d]``, k and v ``[B, H_kv, L, d]`` (query head h reads KV head ``h // G``; K/V are
 never repeated), q_feat and k_feat ``[B, H, L, F]``, mix ``[H]``, key mask ``[B, L]``. Query n
 attends with softmax to the real keys ``lb(n) <= j <= n`` and linearly to the real keys
-``j < lb(n)``, with lb = ``kernels.hybrid.window.window_start`` (its jit copy: ``_window_start``).
+``j < lb(n)``, with lb = ``kernels.hybrid.window.window_start`` (its jit copy: ``_window_start``);
+with s sink tokens the keys ``j < s`` are softmax keys of every query ``n >= j`` and never linear.
+A query block whose key loop starts past them reads them beside it, as blocks of SB keys
+(:func:`sink_block`); its backward program writes their dk, dv parts, which the host sums.
 With ``decay`` (log gamma_h, ``[H]``) history key j of query n is weighted by
 gamma_h^(lb(n) - 1 - j) (``kernels.hybrid.decay``): the prefix state of a chunk is decayed to the
 chunk's last key, and a query reading it scales it by gamma^(lb(n) - chunk start).
@@ -12,7 +15,8 @@ chunk's last key, and a query reading it scales it by gamma^(lb(n) - chunk start
 Kernels: ``hybrid_chunk_state_kernel`` (per-chunk state increments; PyTorch sums them into prefix
 states), ``hybrid_fwd_kernel`` (window max, then window and history in one accumulator),
 ``hybrid_bwd_dq_kernel`` and ``hybrid_bwd_dkv_kernel`` (scores recomputed; per query only the
-window max, its argmax and the normaliser are saved), ``decayed_scan_kernel`` (prefix states
+window max, its argmax and the normaliser are saved; the dkv kernel covers the key blocks in a
+query block's loop, the dq kernel the sinks beside it), ``decayed_scan_kernel`` (prefix states
 from the increments, and their gradients, in chunk order). Accumulation is float32. What is fused, the
 tilings and the precision rules: docs/kernels.md.
 """

@@ -224,7 +224,8 @@ def test_auto_on_cuda_picks_triton_for_the_recipe_attention(monkeypatch):
     from tests.tiny_models import tiny_model
 
     spec = preset("paper-8b").attention
-    assert (spec.kind, spec.window_size, spec.sink_tokens, spec.history_norm) == ("terraced", 64, 4, "decay")
+    recipe = (spec.kind, spec.window_size, spec.sink_tokens, spec.history_norm, spec.feature_positions)
+    assert recipe == ("terraced", 64, 4, "decay", "none")
     signatures = []
     real_select, real_smoke = dispatch.select_backend, dispatch._smoke_test
     monkeypatch.setattr(dispatch, "select_backend", lambda device, backend=None, signature=None:
