@@ -1,5 +1,5 @@
-"""Everything a first session on a GPU must learn, in one run of at most about 8 minutes on one
-H100 or H200, written side by side into one JSON named after the device,
+"""What a new GPU machine must show first, in one run within 8 minutes on one H100 or H200 (the
+parts' time limits, :data:`PARTS`), written side by side into one JSON named after the device,
 ``benchmarks/results/gpu-check-<device>.json`` (``scripts/gpu-check.sh`` runs this):
 
 1. ``cuda_tests``: the tests marked ``gpu`` (the compiled Triton kernels against the PyTorch
@@ -168,8 +168,8 @@ def part_conversion(tmp: Path, timeout: float, preset: str = "cpu-demo", setting
     return out
 
 
-# name -> (runner, time limit in seconds); together 8 minutes. Most of a first run's time is Triton
-# compiling the kernels' variants (cached in ~/.triton for the later parts and runs).
+# name -> (runner, time limit in seconds); together 8 minutes. A first run also compiles the kernels'
+# variants (Triton caches them in ~/.triton for the later parts and runs).
 PARTS = {
     "cuda_tests": (part_cuda_tests, 140),
     "kernels": (part_kernels, 120),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first check on a GPU machine, about 8 minutes on one H100 or H200: the CUDA tests, the kernel
+# The first check on a GPU machine, within 8 minutes on one H100 or H200: the CUDA tests, the kernel
 # benchmark, capacity and throughput in the paper's shape, and a conversion through the job system,
 # into benchmarks/results/gpu-check-<device>.json (benchmarks/gpu_check.py says what each part does).
 # On a machine without CUDA it prints one line and exits 0.
