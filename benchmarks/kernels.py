@@ -3,9 +3,9 @@
 Everything is measured side by side in one run, on one device, and printed and written as JSON
 (default ``benchmarks/results/kernels-<device>.json``):
 
-* check: Triton vs the PyTorch form (output and all six gradients, relative RMS) at L = 1000 with
-  left padding, float32 and bfloat16, and the decode kernel vs the reference decode step over 150
-  steps: the first thing to read on a new device.
+* check: Triton vs the PyTorch form (output and every gradient, log gamma's with a decay; relative
+  RMS) at L = 1000 with left padding, float32 and bfloat16, and the decode kernel vs the reference
+  decode step over 150 steps: the first thing to read on a new device.
 * peak: the device's measured peak: a large bf16 and tf32 matmul (FLOP/s) and a large copy (B/s).
 * prefill: time of forward and forward+backward at L = 1k..32k for each kind: Triton kernels, the
   PyTorch form, causal softmax SDPA (default backend, and the flash backend forced) and the
@@ -18,10 +18,11 @@ Everything is measured side by side in one run, on one device, and printed and w
 * sweep (``--sweep``): forward+backward time per kernel tiling (block_t, block_s, num_warps).
 
 Shapes default to Llama-3-8B attention: 32 query heads / 8 KV heads, head dim 128, Hedgehog
-F = 128, window 64; q, k, v in bf16 and the features in float32 (what the feature maps return).
+F = 128, window 64; q, k, v in bf16 and the features in float32 (what the feature maps return);
+the hybrids with the recipes' 4 sink tokens and decaying history (gamma 0.995, its initial value).
 
-Usage: python benchmarks/kernels.py [--lengths 1024 ... 32768] [--kinds ...] [--quick] [--sweep]
-       [--out PATH] [--require-cuda]
+Usage: python benchmarks/kernels.py [--lengths 1024 ... 32768] [--kinds ...] [--sinks S] [--decay GAMMA]
+       [--quick] [--sweep] [--out PATH] [--require-cuda]
 On a machine without CUDA it prints that a CUDA device is needed and exits 0 (2 with --require-cuda).
 """
 
@@ -122,14 +123,24 @@ def make_inputs(B, H, Hkv, L, d, F, dtype, fdtype, requires_grad=False, pad=0, s
     return tensors, mask
 
 
-def hybrid_impls(kind, w):
+def window_rule(kind, args) -> WindowRule:
+    """The measured rule: --window, and --sinks for the hybrids (linear attention has no window)."""
+    return WindowRule(kind, args.window, 0 if kind == "linear" else args.sinks)
+
+
+def log_decay(args):
+    """log gamma [H] of the decaying history (None with --decay 1)."""
+    return None if args.decay >= 1 else torch.full((args.heads,), args.decay, device=DEV).log()
+
+
+def hybrid_impls(kind, args):
     from kernels.hybrid.chunk_torch import hybrid_attention_torch
     from kernels.hybrid.chunk_triton import hybrid_attention_triton
 
-    rule = WindowRule(kind, w)
+    rule, decay = window_rule(kind, args), log_decay(args)
     return {
-        "triton": lambda t, mask, **kw: hybrid_attention_triton(*t, rule, mask, **kw),
-        "torch_form": lambda t, mask, **kw: hybrid_attention_torch(*t, rule, mask),
+        "triton": lambda t, mask, **kw: hybrid_attention_triton(*t, rule, mask, decay=decay, **kw),
+        "torch_form": lambda t, mask, **kw: hybrid_attention_torch(*t, rule, mask, decay=decay),
     }
 
 
@@ -174,16 +185,26 @@ def run_step(fn, tensors, mask, backward: bool, **kw):
 # ----------------------------------------------------------------------------------------------
 
 
-def kernel_work(kind, B, H, Hkv, L, d, F, w, BT, BS, es, fes):
+def kernel_work(kind, B, H, Hkv, L, d, F, w, BT, BS, es, fes, sinks=0):
     """Executed FLOPs (forward, backward) and compulsory bytes (forward, backward)."""
+    from kernels.hybrid.chunk_triton import sink_block
+
     fwd = bwd = 0
     NC = -(-L // BT)
+    SB = sink_block(sinks, BS)
     for i in range(NC):
         t_first, t_last = i * BT, min(i * BT + BT, L) - 1
         lb_first, lb_last = window_start(kind, w, t_first), window_start(kind, w, t_last)
         k0 = max(lb_first, 0) // BT * BT
         if kind != "linear":
-            fwd += len(range(max(lb_first, 0) // BS * BS, t_last + 1, BS)) * 2 * BT * BS * d  # pass 1
+            k1 = max(lb_first, 0) // BS * BS
+            fwd += len(range(k1, t_last + 1, BS)) * 2 * BT * BS * d  # pass 1
+            sink_blocks = len(range(0, min(-(-sinks // SB) * SB, k1), SB)) if SB else 0
+            fwd += sink_blocks * 2 * BT * SB * d  # the sinks beside pass 1
+        if SB and k0 > 0:  # the sinks beside the key loop: window terms, and twice in the dq kernel
+            n = len(range(0, min(-(-sinks // SB) * SB, k0), SB))
+            fwd += n * BT * SB * 4 * d
+            bwd += n * BT * SB * (2 * 4 * d + 4 * d)
         if k0 > 0:
             fwd += 2 * BT * F * d
             bwd += 2 * BT * F * d
@@ -224,6 +245,7 @@ def check(args) -> dict:
 
     rows = {}
     B, H, Hkv, L, d, F = 3, 8, 2, args.check_length, args.head_dim, args.feature_dim
+    decay = None if args.decay >= 1 else torch.full((H,), args.decay, device=DEV).log()
     for dtype_name in ("fp32", "bf16"):
         dtype = DTYPES[dtype_name]
         fdtype = torch.float32 if dtype == torch.float32 else DTYPES[args.feature_dtype]
@@ -232,13 +254,14 @@ def check(args) -> dict:
             dy = torch.randn(B, H, L, d, device=DEV) * mask[:, None, :, None]
             res = {}
             for name, fn in (("triton", hybrid_attention_triton), ("torch", hybrid_attention_torch)):
-                leaves = [t.detach().clone().requires_grad_() for t in tensors]
-                y = fn(*leaves, WindowRule(kind, args.window), mask)
+                leaves = [t.detach().clone().requires_grad_() for t in tensors + ([] if decay is None else [decay])]
+                y = fn(*leaves[:6], window_rule(kind, args), mask, decay=None if decay is None else leaves[6])
                 (y.float() * dy).sum().backward()
                 res[name] = [y.detach()] + [torch.zeros_like(t) if t.grad is None else t.grad for t in leaves]
             m = mask.bool()[:, None, :, None]
             errs = {"o": rel_rms(torch.where(m, res["triton"][0], 0), torch.where(m, res["torch"][0], 0))}
-            for gname, a, b in zip(["dq", "dk", "dv", "dq_feat", "dk_feat", "dmix"], res["triton"][1:], res["torch"][1:]):
+            names = ["dq", "dk", "dv", "dq_feat", "dk_feat", "dmix", "ddecay"]
+            for gname, a, b in zip(names, res["triton"][1:], res["torch"][1:]):
                 if b.abs().sum() > 0:
                     errs[gname] = rel_rms(a, b)
             rows[f"{kind}/{dtype_name}"] = errs
@@ -257,7 +280,7 @@ def check_decode(args) -> dict:
     torch.manual_seed(0)
     fq = HedgehogFeatureMap(H, d, f, init="random").to(DEV)
     fk = HedgehogFeatureMap(H, d, f, init="random").to(DEV)
-    key_features = lambda keys: fk(keys.repeat_interleave(G, 1))  # noqa: E731
+    key_features = lambda keys, positions: fk(keys.repeat_interleave(G, 1))  # noqa: E731 (phi_k reads the keys themselves)
     mix = torch.randn(H, device=DEV)
     out = {}
     with torch.no_grad():
@@ -266,7 +289,7 @@ def check_decode(args) -> dict:
             mask = torch.ones(B, P, dtype=torch.bool, device=DEV)
             mask[1, :13] = False
             # two states: each step writes its window cache in place
-            s_ref, s_tri = (prefill_state(WindowRule(kind, w), k, v, key_features(k), mask) for _ in range(2))
+            s_ref, s_tri = (prefill_state(WindowRule(kind, w), k, v, key_features(k, None), mask) for _ in range(2))
             worst = 0.0
             for _ in range(args.check_steps):
                 q1 = torch.randn(B, H, 1, d, device=DEV)
@@ -293,7 +316,7 @@ def prefill(args, peaks) -> list[dict]:
         for backward in (False, True):
             impls = {}
             for kind in args.kinds:
-                for name, fn in hybrid_impls(kind, args.window).items():
+                for name, fn in hybrid_impls(kind, args).items():
                     impls[(name, kind)] = fn
             for name, fn in softmax_impls(G).items():
                 impls[(name, "softmax")] = fn
@@ -320,7 +343,7 @@ def prefill(args, peaks) -> list[dict]:
                 if row["status"] == "ok" and name == "triton":
                     f_fwd, f_bwd, b_fwd, b_bwd = kernel_work(
                         kind, args.batch, args.heads, args.kv_heads, L, args.head_dim, args.feature_dim,
-                        args.window, BT, BS, es, fes,
+                        args.window, BT, BS, es, fes, window_rule(kind, args).sinks,
                     )
                     flops = f_fwd + (f_bwd if backward else 0)
                     nbytes = b_fwd + (b_bwd if backward else 0)
@@ -343,7 +366,7 @@ def capacity(args) -> list[dict]:
     dtype, fdtype = DTYPES[args.dtype], DTYPES[args.feature_dtype]
     G = args.heads // args.kv_heads
     kind = "terraced" if "terraced" in args.kinds else args.kinds[0]
-    impls = {**{(n, kind): f for n, f in hybrid_impls(kind, args.window).items()}, **{(n, "softmax"): f for n, f in softmax_impls(G).items()}}
+    impls = {**{(n, kind): f for n, f in hybrid_impls(kind, args).items()}, **{(n, "softmax"): f for n, f in softmax_impls(G).items()}}
     for L in args.capacity_lengths:
         for (name, k), fn in impls.items():
 
@@ -395,7 +418,7 @@ def decode(args) -> list[dict]:
                 q1 = torch.randn(B, H, 1, d, device=DEV, dtype=dtype)
                 k1, v1 = torch.randn(B, Hkv, 1, d, device=DEV, dtype=dtype), torch.randn(B, Hkv, 1, d, device=DEV, dtype=dtype)
                 qf1 = torch.rand(B, H, 1, F, device=DEV)
-                feats = lambda keys: torch.rand(keys.shape[0], H, keys.shape[2], F, device=DEV)  # noqa: E731
+                feats = lambda keys, positions: torch.rand(keys.shape[0], H, keys.shape[2], F, device=DEV)  # noqa: E731
                 valid = torch.ones(B, dtype=torch.bool, device=DEV)
                 a = (WindowRule(kind, w), q1, k1, v1, qf1, mix, valid, feats, d**-0.5)
                 row = {"batch": B, "kind": kind}
@@ -413,7 +436,7 @@ def sweep(args) -> list[dict]:
     dtype, fdtype = DTYPES[args.dtype], DTYPES[args.feature_dtype]
     configs = [(64, 64, 4), (64, 32, 4), (64, 32, 8), (64, 64, 8), (128, 64, 8), (128, 32, 8), (32, 32, 4), (64, 16, 4)]
     for kind in args.kinds:
-        fn = hybrid_impls(kind, args.window)["triton"]
+        fn = hybrid_impls(kind, args)["triton"]
         for bt, bs, nw in configs:
             row = {"kind": kind, "L": L, "block_t": bt, "block_s": bs, "num_warps": nw}
             try:
@@ -455,6 +478,8 @@ def main() -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--feature-dim", type=int, default=128, help="F (Hedgehog: 2 x projection dim)")
     parser.add_argument("--window", type=int, default=64)
+    parser.add_argument("--sinks", type=int, default=4, help="sink tokens of the hybrids (the recipes' 4)")
+    parser.add_argument("--decay", type=float, default=0.995, help="gamma of the decaying history; 1 for none")
     parser.add_argument("--dtype", choices=DTYPES, default="bf16", help="dtype of q, k, v")
     parser.add_argument("--feature-dtype", choices=DTYPES, default="fp32", help="dtype of the features")
     parser.add_argument("--repeats", type=int, default=10)
@@ -467,7 +492,8 @@ def main() -> int:
     parser.add_argument("--check-length", type=int, default=1000)
     parser.add_argument("--check-steps", type=int, default=150, help="decode steps of the check")
     parser.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="lengths 1k/4k/16k, 5 repeats, capacity at 4k only")
+    parser.add_argument("--quick", action="store_true",
+                        help="lengths 1k/4k/16k, 5 repeats, capacity at 4k only up to batch 64, 50 decode check steps")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--require-cuda", action="store_true", help="exit 2 instead of 0 when there is no CUDA device")
     args = parser.parse_args()
@@ -490,6 +516,7 @@ def main() -> int:
         return 2 if args.require_cuda else 0
     if args.quick:
         args.lengths, args.repeats, args.capacity_lengths = [1024, 4096, 16384], 5, [4096]
+        args.max_batch, args.check_steps = min(args.max_batch, 64), min(args.check_steps, 50)
 
     import triton
 
@@ -508,7 +535,8 @@ def main() -> int:
         },
         "shape": {
             "batch": args.batch, "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
-            "feature_dim": args.feature_dim, "window": args.window, "dtype": args.dtype, "feature_dtype": args.feature_dtype,
+            "feature_dim": args.feature_dim, "window": args.window, "sinks": args.sinks, "decay": args.decay,
+            "dtype": args.dtype, "feature_dtype": args.feature_dtype,
         },
     }
     if not args.no_check:

@@ -99,21 +99,23 @@ def _triton_problem(device: torch.device) -> str | None:
 
 def _smoke_test(device: torch.device, signature: tuple) -> str | None:
     """Compile and run the kernels (forward and backward) once on a tiny input with the given
-    (kind, head dim, feature dim, dtype, feature dtype, decaying history) on ``device``; the
-    failure text or None.
+    (kind, head dim, feature dim, dtype, feature dtype, decaying history, sink tokens) on
+    ``device``; the failure text or None.
 
     A broken toolchain (compiler, driver, ptxas) or a tiling the device cannot hold shows here, at
     the first call, rather than at the first backward pass of a run."""
     key = (str(device),) + signature
     if key not in _smoke:
-        kind, d, Fd, dtype, fdtype, decayed = signature
+        kind, d, Fd, dtype, fdtype, decayed, sinks = signature
+        # with sinks, long enough that the last 64-row query block reads them beside its key loop
+        L, rule = (136, WindowRule(kind, 8, 2)) if sinks else (40, WindowRule(kind, 8))
         try:
             chunk_triton, _ = load_triton()
             g = torch.Generator(device="cpu").manual_seed(0)
-            mask = torch.ones(2, 40, dtype=torch.long)
+            mask = torch.ones(2, L, dtype=torch.long)
             mask[1, :5] = 0
-            inputs = [torch.randn(2, n, 40, d, generator=g).to(device, dtype) for n in (2, 1, 1)]
-            inputs += [torch.rand(2, 2, 40, Fd, generator=g).to(device, fdtype) for _ in range(2)]
+            inputs = [torch.randn(2, n, L, d, generator=g).to(device, dtype) for n in (2, 1, 1)]
+            inputs += [torch.rand(2, 2, L, Fd, generator=g).to(device, fdtype) for _ in range(2)]
             inputs += [torch.zeros(2, device=device)]
             decay = torch.tensor([0.8, 0.95]).log().to(device) if decayed else None
             mask = mask.to(device)
@@ -121,7 +123,7 @@ def _smoke_test(device: torch.device, signature: tuple) -> str | None:
                 outs = []
                 for fn in (chunk_triton.hybrid_attention_triton, hybrid_attention_torch):
                     leaves = [t.clone().requires_grad_() for t in inputs]
-                    y = fn(*leaves, WindowRule(kind, 8), mask, decay=decay)
+                    y = fn(*leaves, rule, mask, decay=decay)
                     y.float().sum().backward()
                     outs.append([y.detach()] + [leaves[i].grad for i in (2, 3)])  # y, dv, dq_feat
             worst = max(((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-12)).item() for a, b in zip(*outs))
@@ -135,14 +137,14 @@ def _smoke_test(device: torch.device, signature: tuple) -> str | None:
 def select_backend(device: torch.device | str, backend: str | None = None, signature: tuple | None = None) -> str:
     """``"triton"`` or ``"torch"`` for tensors on ``device`` (see the module docstring).
 
-    ``signature``: (kind, head dim, feature dim, dtype, feature dtype, decaying history) of the
-    call, for the one-off smoke test on CUDA. Default: ``None`` (a small float32 terraced problem
-    with a decaying history)."""
+    ``signature``: (kind, head dim, feature dim, dtype, feature dtype, decaying history, sink
+    tokens) of the call, for the one-off smoke test on CUDA. Default: ``None`` (a small float32
+    terraced problem with a decaying history and sink tokens)."""
     device = torch.device(device)
     name = requested_backend(backend)
     if name == "torch":
         return "torch"
-    signature = signature or ("terraced", 16, 16, torch.float32, torch.float32, True)
+    signature = signature or ("terraced", 16, 16, torch.float32, torch.float32, True, True)
     if name == "triton":
         problem = _triton_problem(device)
         if problem is None and device.type == "cuda":
@@ -163,20 +165,9 @@ def select_backend(device: torch.device | str, backend: str | None = None, signa
     return "triton"
 
 
-def _signature(kind: str, q: torch.Tensor, q_feat: torch.Tensor, decay) -> tuple:
-    return (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype, decay is not None)
-
-
-def _chunk_only_backend(backend: str | None, sinks: int) -> str | None:
-    """``"torch"`` for a whole-sequence call with sink tokens, which the Triton chunk kernels do not
-    implement (an explicit ``triton`` request is refused; the Triton decode step does implement
-    them); None without, for :func:`select_backend` to decide."""
-    if not sinks:
-        return None
-    if requested_backend(backend) == "triton":
-        raise KernelBackendError(f"{ENV_VAR}=triton was requested but the Triton chunk kernels do not implement "
-                                 f"sink tokens; use {ENV_VAR}=torch or auto (the PyTorch form), or attention.sink_tokens=0")
-    return "torch"
+def _signature(kind: str, q: torch.Tensor, q_feat: torch.Tensor, decay, sinks: int = 0) -> tuple:
+    """The smoke test's key of a call (:func:`select_backend`)."""
+    return (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype, decay is not None, sinks > 0)
 
 
 def check_inputs(q, k, v, q_feat, k_feat, mix, rule, attention_mask=None, decay=None) -> None:
@@ -262,7 +253,7 @@ def hybrid_attention(
     Raises:
         ValueError: a shape that breaks the contract (:func:`check_inputs`; a bad kind, window or
             sink count is refused when the :class:`WindowRule` is made).
-        KernelBackendError: ``triton`` requested where it cannot run, or with sink tokens.
+        KernelBackendError: ``triton`` requested where it cannot run.
 
     Example::
 
@@ -272,9 +263,7 @@ def hybrid_attention(
     check_inputs(q, k, v, q_feat, k_feat, mix, rule, attention_mask, decay)
     H = q.shape[1]
     k_feat, decay = query_heads(k_feat, H), query_heads(decay, H, dim=0)  # the parallel forms read per query head
-    signature = _signature(rule.kind, q, q_feat, decay)
-    name = _chunk_only_backend(backend, rule.sinks) or select_backend(q.device, backend, signature)
-    if name == "triton":
+    if select_backend(q.device, backend, _signature(rule.kind, q, q_feat, decay, rule.sinks)) == "triton":
         chunk_triton, _ = load_triton()
         return chunk_triton.hybrid_attention_triton(q, k, v, q_feat, k_feat, mix, rule, attention_mask, scale, decay=decay)
     return hybrid_attention_torch(q, k, v, q_feat, k_feat, mix, rule, attention_mask, scale, decay=decay)

@@ -15,7 +15,7 @@ after L tokens, with the window ring of the same positions) is built directly wi
 A trial never crashes the run: an out-of-memory error is recorded as ``oom``; a batch whose peak,
 extrapolated linearly from the batches measured so far, exceeds the budget by more than
 :data:`PREDICTION_MARGIN` is recorded as ``over_budget_predicted`` without allocating it, and one
-whose predicted growth exceeds the host's available memory as ``host_memory`` (neither fits).
+whose predicted growth exceeds the host's available memory as ``host_memory`` (on CPU; neither fits).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from core.attention.layer import LolcatsAttention
 from core.attention.surgery import decoder_layers
 from core.bench.config import parse_size
 from core.bench.measure import Request
-from core.bench.memory import cache_bytes, free_memory
+from core.bench.memory import CudaPeak, cache_bytes, free_memory
 from core.io import is_oom
 from kernels.hybrid.recurrent_torch import HybridState
 from kernels.hybrid.window import window_capacity, window_start
@@ -153,10 +153,11 @@ def find_capacity(model: nn.Module, length: int, budget: int, *, steps: int, tra
     then bisecting); every trial is kept in ``trials``. ``largest_batch`` is 0 when batch 1 does not fit."""
     trials: list[dict] = []
     base = weights
+    on_host = not isinstance(tracker, CudaPeak)  # else the growth is in the device's memory, which the budget bounds
 
     def fits(batch: int) -> bool:
         predicted = _predicted_peak(trials, batch)
-        available = _available_bytes()
+        available = _available_bytes() if on_host else None
         if predicted is not None and predicted > budget * PREDICTION_MARGIN:
             trial = {"batch_size": batch, "status": "over_budget_predicted", "predicted_peak_bytes": predicted}
         elif predicted is not None and available is not None and predicted - base > available:

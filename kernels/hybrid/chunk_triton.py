@@ -4,7 +4,10 @@ Same contract as :func:`kernels.hybrid.chunk_torch.hybrid_attention_torch` (equa
 q ``[B, H, L, d]``, k and v ``[B, H_kv, L, d]`` (query head h reads KV head ``h // G``; K/V are
 never repeated), q_feat and k_feat ``[B, H, L, F]``, mix ``[H]``, key mask ``[B, L]``. Query n
 attends with softmax to the real keys ``lb(n) <= j <= n`` and linearly to the real keys
-``j < lb(n)``, with lb = ``kernels.hybrid.window.window_start`` (its jit copy: ``_window_start``).
+``j < lb(n)``, with lb = ``kernels.hybrid.window.window_start`` (its jit copy: ``_window_start``);
+with s sink tokens the keys ``j < s`` are softmax keys of every query ``n >= j`` and never linear.
+A query block whose key loop starts past them reads them beside it, as blocks of SB keys
+(:func:`sink_block`); its backward program writes their dk, dv parts, which the host sums.
 With ``decay`` (log gamma_h, ``[H]``) history key j of query n is weighted by
 gamma_h^(lb(n) - 1 - j) (``kernels.hybrid.decay``): the prefix state of a chunk is decayed to the
 chunk's last key, and a query reading it scales it by gamma^(lb(n) - chunk start).
@@ -12,7 +15,8 @@ chunk's last key, and a query reading it scales it by gamma^(lb(n) - chunk start
 Kernels: ``hybrid_chunk_state_kernel`` (per-chunk state increments; PyTorch sums them into prefix
 states), ``hybrid_fwd_kernel`` (window max, then window and history in one accumulator),
 ``hybrid_bwd_dq_kernel`` and ``hybrid_bwd_dkv_kernel`` (scores recomputed; per query only the
-window max, its argmax and the normaliser are saved), ``decayed_scan_kernel`` (prefix states
+window max, its argmax and the normaliser are saved; the dkv kernel covers the key blocks in a
+query block's loop, the dq kernel the sinks beside it), ``decayed_scan_kernel`` (prefix states
 from the increments, and their gradients, in chunk order). Accumulation is float32. What is fused, the
 tilings and the precision rules: docs/kernels.md.
 """
@@ -113,15 +117,41 @@ def _query_block(i_t, L, w, BT: tl.constexpr, KIND: tl.constexpr):
 
 
 @triton.jit
-def _window_mask(o_t, o_k, lb_q, m_k):
-    """[rows, keys]: real keys with lb(n) <= j <= n (softmax)."""
-    return (o_k[None, :] <= o_t[:, None]) & (o_k[None, :] >= lb_q[:, None]) & m_k[None, :]
+def _window_mask(o_t, o_k, lb_q, m_k, sinks):
+    """[rows, keys]: real keys with j <= n and lb(n) <= j or j < s (softmax)."""
+    m_in = (o_k[None, :] >= lb_q[:, None]) | (o_k[None, :] < sinks)
+    return (o_k[None, :] <= o_t[:, None]) & m_in & m_k[None, :]
 
 
 @triton.jit
-def _history_mask(o_k, lb_q, m_k):
-    """[rows, keys]: real keys with j < lb(n) (linear)."""
-    return (o_k[None, :] < lb_q[:, None]) & m_k[None, :]
+def _history_mask(o_k, lb_q, m_k, sinks):
+    """[rows, keys]: real keys with s <= j < lb(n) (linear)."""
+    return (o_k[None, :] < lb_q[:, None]) & (o_k[None, :] >= sinks) & m_k[None, :]
+
+
+@triton.jit
+def _sink_block(kmask, i_b, ss, L, sinks, limit, SB: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Keys ss + [0, SB) of the sink blocks, which a query block reads beside its key loop:
+    (o_s, m_s) with m_s the real sink keys j < min(s, limit) (``limit``: where the loop starts)."""
+    o_s = ss + tl.arange(0, SB)
+    return o_s, _key_valid(kmask, i_b, o_s, L, HAS_MASK) & (o_s < sinks) & (o_s < limit)
+
+
+@triton.jit
+def _sink_end(sinks, limit, SB: tl.constexpr):
+    """End of the sink-block loop: the blocks of SB keys holding the sink keys before ``limit``."""
+    return tl.minimum(tl.cdiv(sinks, SB) * SB, limit)
+
+
+@triton.jit
+def _max_update(b_q, b_k, o_t, ks, o_k, lb_q, m_k, sinks, scale, b_m, b_am, DOT: tl.constexpr):
+    """(window max, argmax) of each row updated with the key block o_k = ks + [0, keys)."""
+    b_s = _dot(b_q, tl.trans(b_k), DOT) * scale  # [BT, keys]
+    b_s = tl.where(_window_mask(o_t, o_k, lb_q, m_k, sinks), b_s, float("-inf"))
+    b_bm = tl.max(b_s, 1)
+    b_ba = (tl.argmax(b_s, 1) + ks).to(tl.int32)
+    upd = b_bm > b_m
+    return tl.where(upd, b_bm, b_m), tl.where(upd, b_ba, b_am)
 
 
 @triton.jit
@@ -174,12 +204,14 @@ def store_state(S, z, b_S, b_z, i_bh, chunk, NC, o_f, o_d, m_f, m_d, D: tl.const
 def hybrid_chunk_state_kernel(
     kf, v, kmask, decay, dS, dz,
     s_fb, s_fh, s_fl, s_vb, s_vh, s_vl,
-    L, H, G, NC,
+    L, H, G, NC, sinks,
     HAS_MASK: tl.constexpr, DECAY: tl.constexpr, DOT: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+    SB: tl.constexpr,
 ):
     """Per chunk of BT keys: dS = sum_j a_j phi_k(k_j) v_j^T [F, d], dz = sum_j a_j phi_k(k_j) [F],
-    a_j = gamma^(the key's age at the chunk's last key) with a decay, else 1."""
+    a_j = gamma^(the key's age at the chunk's last key) with a decay, else 1, over the keys j >= s
+    (sink keys never enter the history)."""
     i_bh, i_c = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h, i_kh = head_indices(i_bh, H, G)
     o_d, o_f = tl.arange(0, BD), tl.arange(0, BF)
@@ -190,7 +222,7 @@ def hybrid_chunk_state_kernel(
     b_z = tl.zeros([BF], dtype=tl.float32)
     for s0 in range(0, BT, BS):
         o_k = i_c * BT + s0 + tl.arange(0, BS)
-        m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
+        m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK) & (o_k >= sinks)
         b_kf = load_rows(p_kf0, o_k, s_fl, o_f, m_k, m_f).to(tl.float32)  # [BS, BF]
         if DECAY:
             b_kf *= tl.exp(tl.load(decay + i_h) * _chunk_end_ages(o_k, BT))[:, None]
@@ -225,9 +257,10 @@ def decayed_scan_kernel(x, y, ya, decay, NC, N, H, step, REVERSE: tl.constexpr, 
 def hybrid_fwd_kernel(
     q, k, v, qf, kf, kmask, gate, decay, S, z, o, cmax, amax, den,
     s_qb, s_qh, s_ql, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_qfb, s_qfh, s_qfl, s_kfb, s_kfh, s_kfl,
-    L, H, G, NC, w, scale,
+    L, H, G, NC, w, scale, sinks,
     KIND: tl.constexpr, HAS_MASK: tl.constexpr, DECAY: tl.constexpr, DOT: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+    SB: tl.constexpr,
 ):
     i_bh, i_t = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h, i_kh = head_indices(i_bh, H, G)
@@ -246,17 +279,17 @@ def hybrid_fwd_kernel(
     b_m = tl.full([BT], float("-inf"), dtype=tl.float32)
     b_am = tl.zeros([BT], dtype=tl.int32)
     if KIND != 0:
-        for ks in range(tl.maximum(lb_first, 0) // BS * BS, k_end, BS):
+        k1 = tl.maximum(lb_first, 0) // BS * BS
+        for ks in range(k1, k_end, BS):
             o_k = ks + tl.arange(0, BS)
             m_k = _key_valid(kmask, i_b, o_k, L, HAS_MASK)
             b_k = load_rows(p_k0, o_k, s_kl, o_d, m_k, m_d)
-            b_s = _dot(b_q, tl.trans(b_k), DOT) * scale  # [BT, BS]
-            b_s = tl.where(_window_mask(o_t, o_k, lb_q, m_k), b_s, float("-inf"))
-            b_bm = tl.max(b_s, 1)
-            b_ba = (tl.argmax(b_s, 1) + ks).to(tl.int32)
-            upd = b_bm > b_m
-            b_am = tl.where(upd, b_ba, b_am)
-            b_m = tl.where(upd, b_bm, b_m)
+            b_m, b_am = _max_update(b_q, b_k, o_t, ks, o_k, lb_q, m_k, sinks, scale, b_m, b_am, DOT)
+        if SB > 0:  # the sink keys before that loop
+            for ss in range(0, _sink_end(sinks, k1, SB), SB):
+                o_s, m_s = _sink_block(kmask, i_b, ss, L, sinks, k1, SB, HAS_MASK)
+                b_k = load_rows(p_k0, o_s, s_kl, o_d, m_s, m_d)
+                b_m, b_am = _max_update(b_q, b_k, o_t, ss, o_s, lb_q, m_s, sinks, scale, b_m, b_am, DOT)
     b_c = tl.where(b_m == float("-inf"), 0.0, b_m)
 
     # pass 2: window and history in one accumulator, plus the prefix state
@@ -275,18 +308,26 @@ def hybrid_fwd_kernel(
         b_v = load_rows(p_v0, o_k, s_vl, o_d, m_k, m_d)
         b_p = tl.zeros([BT, BS], dtype=tl.float32)
         if KIND != 0:
-            if ks + BS > lb_first:
+            if (ks + BS > lb_first) | (ks < sinks):
                 b_k = load_rows(p_k0, o_k, s_kl, o_d, m_k, m_d)
-                b_p = _window_weights(b_q, b_k, b_c, b_g, _window_mask(o_t, o_k, lb_q, m_k), scale, DOT)
+                b_p = _window_weights(b_q, b_k, b_c, b_g, _window_mask(o_t, o_k, lb_q, m_k, sinks), scale, DOT)
         if ks < lb_last:
             b_kf = load_rows(p_kf0, o_k, s_kfl, o_f, m_k, m_f)
             b_a = _dot(b_qf, tl.trans(b_kf), DOT)  # [BT, BS]
-            m_h = _history_mask(o_k, lb_q, m_k)
+            m_h = _history_mask(o_k, lb_q, m_k, sinks)
             if DECAY:
                 b_a *= _history_decay(o_k, lb_q, m_h, b_lg)[0]
             b_p += tl.where(m_h, b_a, 0.0)
         b_acc += _dot(b_p.to(b_v.dtype), b_v, DOT)
         b_den += tl.sum(b_p, 1)
+    if SB > 0:  # the sink keys before the loop: window terms only
+        for ss in range(0, _sink_end(sinks, k0, SB), SB):
+            o_s, m_s = _sink_block(kmask, i_b, ss, L, sinks, k0, SB, HAS_MASK)
+            b_k = load_rows(p_k0, o_s, s_kl, o_d, m_s, m_d)
+            b_v = load_rows(p_v0, o_s, s_vl, o_d, m_s, m_d)
+            b_p = _window_weights(b_q, b_k, b_c, b_g, _window_mask(o_t, o_s, lb_q, m_s, sinks), scale, DOT)  # [BT, SB]
+            b_acc += _dot(b_p.to(b_v.dtype), b_v, DOT)
+            b_den += tl.sum(b_p, 1)
 
     b_o = b_acc / tl.where(b_den > 0, b_den, 1.0)[:, None]
     o_row = i_bh * L + o_t
@@ -299,11 +340,12 @@ def hybrid_fwd_kernel(
 @triton.jit
 def hybrid_bwd_dq_kernel(
     q, k, v, qf, kf, kmask, gate, decay, S, z, dy, den, delta, cmax, amax,
-    dq, dqf, dc, dSb, dzb, dlg,
+    dq, dqf, dc, dSb, dzb, dlg, dks, dvs,
     s_qb, s_qh, s_ql, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_qfb, s_qfh, s_qfl, s_kfb, s_kfh, s_kfl,
-    L, H, G, NC, w, scale,
+    L, H, G, NC, w, scale, sinks,
     KIND: tl.constexpr, HAS_MASK: tl.constexpr, DECAY: tl.constexpr, DOT: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+    SB: tl.constexpr,
 ):
     i_bh, i_t = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h, i_kh = head_indices(i_bh, H, G)
@@ -348,26 +390,49 @@ def hybrid_bwd_dq_kernel(
         b_v = load_rows(p_v0, o_k, s_vl, o_d, m_k, m_d)
         b_dp = _dot(b_doc, tl.trans(b_v), DOT) - b_delta[:, None]  # [BT, BS]
         if KIND != 0:
-            if ks + BS > lb_first:
+            if (ks + BS > lb_first) | (ks < sinks):
                 b_k = load_rows(p_k0, o_k, s_kl, o_d, m_k, m_d)
-                b_ds = _window_weights(b_q, b_k, b_c, b_g, _window_mask(o_t, o_k, lb_q, m_k), scale, DOT) * b_dp
+                b_ds = _window_weights(b_q, b_k, b_c, b_g, _window_mask(o_t, o_k, lb_q, m_k, sinks), scale, DOT) * b_dp
                 b_r += tl.sum(b_ds, 1)
                 b_dq += _dot(b_ds.to(b_k.dtype), b_k, DOT)
         if ks < lb_last:
             b_kf = load_rows(p_kf0, o_k, s_kfl, o_f, m_k, m_f)
-            m_h = _history_mask(o_k, lb_q, m_k)
+            m_h = _history_mask(o_k, lb_q, m_k, sinks)
             b_da = tl.where(m_h, b_dp, 0.0)
             if DECAY:
                 b_wh, b_age = _history_decay(o_k, lb_q, m_h, b_lg)
                 b_da *= b_wh
                 b_dlg += tl.sum(b_age * _dot(b_qf, tl.trans(b_kf), DOT) * b_da, 1)
             b_dqf += _dot(b_da.to(b_kf.dtype), b_kf, DOT)
+    if SB > 0:  # the sink keys before the loop: window terms only
+        for ss in range(0, _sink_end(sinks, k0, SB), SB):
+            o_s, m_s = _sink_block(kmask, i_b, ss, L, sinks, k0, SB, HAS_MASK)
+            b_k = load_rows(p_k0, o_s, s_kl, o_d, m_s, m_d)
+            b_v = load_rows(p_v0, o_s, s_vl, o_d, m_s, m_d)
+            b_dp = _dot(b_doc, tl.trans(b_v), DOT) - b_delta[:, None]  # [BT, SB]
+            b_ds = _window_weights(b_q, b_k, b_c, b_g, _window_mask(o_t, o_s, lb_q, m_s, sinks), scale, DOT) * b_dp
+            b_r += tl.sum(b_ds, 1)
+            b_dq += _dot(b_ds.to(b_k.dtype), b_k, DOT)
     b_dc = -b_r
     if KIND != 0:
         # the window max c_n = s_{n, argmax}: its gradient reaches that one key
         b_ka = load_rows(p_k0, b_am, s_kl, o_d, m_t, m_d)
         b_dq += b_dc[:, None] * b_ka.to(tl.float32)
     b_dq *= scale
+    # this block's part of the gradients of the sink keys it read beside its loop (the dkv kernel
+    # covers the blocks whose loop holds them): dk_j = scale sum_n (dS_nj + [j = argmax_n] dc_n) q_n,
+    # dv_j = sum_n P_nj dy_n / den_n, summed over the query blocks on the host
+    if SB > 0:
+        for ss in range(0, _sink_end(sinks, k0, SB), SB):
+            o_s, m_s = _sink_block(kmask, i_b, ss, L, sinks, k0, SB, HAS_MASK)
+            b_k = load_rows(p_k0, o_s, s_kl, o_d, m_s, m_d)
+            b_v = load_rows(p_v0, o_s, s_vl, o_d, m_s, m_d)
+            b_dp = _dot(b_doc, tl.trans(b_v), DOT) - b_delta[:, None]
+            b_p = _window_weights(b_q, b_k, b_c, b_g, _window_mask(o_t, o_s, lb_q, m_s, sinks), scale, DOT)  # [BT, SB]
+            b_ds = b_p * b_dp + tl.where((o_s[None, :] == b_am[:, None]) & m_s[None, :], b_dc[:, None], 0.0)
+            o_sink = ((i_bh * tl.cdiv(L, BT) + i_t) * tl.cdiv(sinks, SB) * SB + o_s[:, None]) * D + o_d[None, :]
+            tl.store(dks + o_sink, _dot(tl.trans(b_ds.to(b_q.dtype)), b_q, DOT) * scale, mask=m_d[None, :])
+            tl.store(dvs + o_sink, _dot(tl.trans(b_p.to(b_doc.dtype)), b_doc, DOT), mask=m_d[None, :])
 
     tl.store(dq + o_row[:, None] * D + o_d[None, :], b_dq.to(dq.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
     tl.store(dqf + o_row[:, None] * FD + o_f[None, :], b_dqf.to(dqf.dtype.element_ty), mask=m_t[:, None] & m_f[None, :])
@@ -386,9 +451,10 @@ def hybrid_bwd_dkv_kernel(
     q, k, v, qf, kf, kmask, gate, decay, dy, den, delta, cmax, amax, dc, dSr, dzr,
     dk, dv, dkf, dlg,
     s_qb, s_qh, s_ql, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_qfb, s_qfh, s_qfl, s_kfb, s_kfh, s_kfl,
-    L, H, G, NC, w, scale,
+    L, H, G, NC, w, scale, sinks,
     KIND: tl.constexpr, HAS_MASK: tl.constexpr, DECAY: tl.constexpr, DOT: tl.constexpr,
     D: tl.constexpr, FD: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+    SB: tl.constexpr,
 ):
     i_bk, i_s = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     Hkv = H // G
@@ -428,17 +494,17 @@ def hybrid_bwd_dkv_kernel(
             b_dp = _dot(b_doc, tl.trans(b_v), DOT) - b_delta[:, None]  # [BT, BS]
             b_p = tl.zeros([BT, BS], dtype=tl.float32)
             if KIND != 0:
-                if ks + BS > lb_first:
+                if (ks + BS > lb_first) | (ks < sinks):
                     b_q = load_rows(p_q0, o_t, s_ql, o_d, m_t, m_d)
                     b_c = tl.load(cmax + o_row, mask=m_t, other=0.0)
                     b_am = tl.load(amax + o_row, mask=m_t, other=-1)
                     b_dc = tl.load(dc + o_row, mask=m_t, other=0.0)
-                    b_p = _window_weights(b_q, b_k, b_c, b_g, _window_mask(o_t, o_k, lb_q, m_k), scale, DOT)
+                    b_p = _window_weights(b_q, b_k, b_c, b_g, _window_mask(o_t, o_k, lb_q, m_k, sinks), scale, DOT)
                     b_ds = b_p * b_dp + tl.where(o_k[None, :] == b_am[:, None], b_dc[:, None], 0.0)
                     b_dk += _dot(tl.trans(b_ds.to(b_q.dtype)), b_q, DOT)
             if ks < lb_last:
                 b_qf = load_rows(p_qf0, o_t, s_qfl, o_f, m_t, m_f)
-                m_h = _history_mask(o_k, lb_q, m_k)
+                m_h = _history_mask(o_k, lb_q, m_k, sinks)
                 b_a = _dot(b_qf, tl.trans(b_kf), DOT)
                 b_da = tl.where(m_h, b_dp, 0.0)
                 if DECAY:
@@ -448,11 +514,12 @@ def hybrid_bwd_dkv_kernel(
                 b_p += tl.where(m_h, b_a, 0.0)
                 b_dkf += _dot(tl.trans(b_da.to(b_qf.dtype)), b_qf, DOT)
             b_dv += _dot(tl.trans(b_p.to(b_doc.dtype)), b_doc, DOT)
-        # the keys of this block sit in every prefix state after their chunk (weighted by their
-        # decay to the chunk's last key; dSr holds the later states' gradients decayed to it)
+        # the keys of this block but the sinks sit in every prefix state after their chunk (weighted
+        # by their decay to the chunk's last key; dSr holds the later states' gradients decayed to it)
         b_dS, b_dz = load_state(dSr, dzr, i_bh, ks // BT, NC, o_f, o_d, m_f, m_d, D, FD)  # [BF, BD], [BF]
-        b_dks = _dot(b_v.to(tl.float32), tl.trans(b_dS), DOT) + b_dz[None, :]
-        b_dvs = _dot(b_kf.to(tl.float32), b_dS, DOT)
+        m_st = (o_k >= sinks)[:, None]
+        b_dks = tl.where(m_st, _dot(b_v.to(tl.float32), tl.trans(b_dS), DOT) + b_dz[None, :], 0.0)
+        b_dvs = tl.where(m_st, _dot(b_kf.to(tl.float32), b_dS, DOT), 0.0)
         if DECAY:
             b_age = _chunk_end_ages(o_k, BT)
             b_rho = tl.exp(b_lg * b_age)[:, None]
@@ -538,12 +605,18 @@ def _dot_mode(dtype: torch.dtype, fdtype: torch.dtype) -> int:
     return 2 if INTERPRETER and torch.bfloat16 in (dtype, fdtype) else 0
 
 
-def _consts(kind, kmask, q, qf, decayed, cfg):
+def sink_block(sinks: int, BS: int) -> int:
+    """Keys per block of the sink keys a query block reads beside its key loop: the smallest power
+    of two >= 16 holding them, at most BS (0 without sink tokens)."""
+    return min(_pow2(sinks), BS) if sinks else 0
+
+
+def _consts(kind, kmask, q, qf, decayed, sinks, cfg):
     BT, BS, nw, ns = cfg
     d, Fd = q.shape[-1], qf.shape[-1]
     out = dict(
         KIND=KIND_IDS[kind], HAS_MASK=kmask is not None, DECAY=decayed, DOT=_dot_mode(q.dtype, qf.dtype),
-        D=d, FD=Fd, BD=_pow2(d), BF=_pow2(Fd), BT=BT, BS=BS,
+        D=d, FD=Fd, BD=_pow2(d), BF=_pow2(Fd), BT=BT, BS=BS, SB=sink_block(sinks, BS),
     )
     if not INTERPRETER:
         out.update(num_warps=nw, num_stages=ns)
@@ -564,7 +637,7 @@ def _scan(x, lg, step: int, reverse: bool = False, ages: bool = False):
     return (y, ya) if ages else y
 
 
-def _chunk_states(kf, v, kmask, lg, G, NC, consts):
+def _chunk_states(kf, v, kmask, lg, G, NC, sinks, consts):
     """Per-chunk increments dS [B*H, NC, F, d], dz [B*H, NC, F] of :func:`hybrid_chunk_state_kernel`."""
     B, H, L, Fd = kf.shape
     d = v.shape[-1]
@@ -572,7 +645,7 @@ def _chunk_states(kf, v, kmask, lg, G, NC, consts):
     dz = torch.empty(B * H, NC, Fd, device=kf.device, dtype=torch.float32)
     c = {key: val for key, val in consts.items() if key != "KIND"}
     hybrid_chunk_state_kernel[(B * H, NC)](
-        kf, v, kmask if kmask is not None else kf, lg, dS, dz, *_strides(kf, v), L, H, G, NC, **c,
+        kf, v, kmask if kmask is not None else kf, lg, dS, dz, *_strides(kf, v), L, H, G, NC, sinks, **c,
     )
     return dS, dz
 
@@ -589,24 +662,24 @@ def _state_chunk_of_block(kind: str, w: int, NT: int, BT: int, device) -> torch.
     return torch.div(lb.clamp(min=0), BT, rounding_mode="floor")
 
 
-def _forward(q, k, v, qf, kf, gate, lg, decayed, kmask, kind, w, scale, cfg):
+def _forward(q, k, v, qf, kf, gate, lg, decayed, kmask, kind, w, sinks, scale, cfg):
     B, H, L, d = q.shape
     G = H // k.shape[1]
     NC = triton.cdiv(L, cfg[0])
-    consts = _consts(kind, kmask, q, qf, decayed, cfg)
-    S, z = _prefix_states(*_chunk_states(kf, v, kmask, lg, G, NC, consts), lg, cfg[0])
+    consts = _consts(kind, kmask, q, qf, decayed, sinks, cfg)
+    S, z = _prefix_states(*_chunk_states(kf, v, kmask, lg, G, NC, sinks, consts), lg, cfg[0])
     o = torch.empty(B, H, L, d, device=q.device, dtype=q.dtype)
     cmax = torch.empty(B, H, L, device=q.device, dtype=torch.float32)
     amax = torch.empty(B, H, L, device=q.device, dtype=torch.int32)
     den = torch.empty(B, H, L, device=q.device, dtype=torch.float32)
     hybrid_fwd_kernel[(B * H, NC)](
         q, k, v, qf, kf, kmask if kmask is not None else q, gate, lg, S, z, o, cmax, amax, den,
-        *_strides(q, k, v, qf, kf), L, H, G, NC, w, scale, **consts,
+        *_strides(q, k, v, qf, kf), L, H, G, NC, w, scale, sinks, **consts,
     )
     return o, cmax, amax, den
 
 
-def _backward(q, k, v, qf, kf, gate, lg, decayed, kmask, o, cmax, amax, den, dy, delta, kind, w, scale, cfg):
+def _backward(q, k, v, qf, kf, gate, lg, decayed, kmask, o, cmax, amax, den, dy, delta, kind, w, sinks, scale, cfg):
     """(dq, dk, dv, dqf, dkf, dc, dlg): dc the gradient of the window max per query (for the
     mixing gate), dlg [H] that of log gamma (None without a decay)."""
     B, H, L, d = q.shape
@@ -615,9 +688,9 @@ def _backward(q, k, v, qf, kf, gate, lg, decayed, kmask, o, cmax, amax, den, dy,
     Fd = qf.shape[-1]
     BT, BS = cfg[0], cfg[1]
     NC, NS = triton.cdiv(L, BT), triton.cdiv(L, BS)
-    consts = _consts(kind, kmask, q, qf, decayed, cfg)
+    consts = _consts(kind, kmask, q, qf, decayed, sinks, cfg)
     mask_arg = kmask if kmask is not None else q
-    dS_inc, dz_inc = _chunk_states(kf, v, kmask, lg, G, NC, consts)
+    dS_inc, dz_inc = _chunk_states(kf, v, kmask, lg, G, NC, sinks, consts)
     S, z = _prefix_states(dS_inc, dz_inc, lg, BT)
     if not decayed:
         del dS_inc, dz_inc
@@ -627,10 +700,15 @@ def _backward(q, k, v, qf, kf, gate, lg, decayed, kmask, o, cmax, amax, den, dy,
     dSb = torch.empty(B * H, NC, Fd, d, device=q.device, dtype=torch.float32)
     dzb = torch.empty(B * H, NC, Fd, device=q.device, dtype=torch.float32)
     dlg_q = torch.empty(B, H, L, device=q.device, dtype=torch.float32) if decayed else dc
+    # per query block, its part of the sink keys' gradients (those it reads beside its key loop)
+    SB = consts["SB"]
+    sink_rows = triton.cdiv(sinks, SB) * SB if SB else 0
+    dks = torch.zeros(B * H, NC, sink_rows, d, device=q.device, dtype=torch.float32) if SB else dc
+    dvs = torch.zeros_like(dks) if SB else dc
     hybrid_bwd_dq_kernel[(B * H, NC)](
         q, k, v, qf, kf, mask_arg, gate, lg, S, z, dy, den, delta, cmax, amax,
-        dq, dqf, dc, dSb, dzb, dlg_q,
-        *_strides(q, k, v, qf, kf), L, H, G, NC, w, scale, **consts,
+        dq, dqf, dc, dSb, dzb, dlg_q, dks, dvs,
+        *_strides(q, k, v, qf, kf), L, H, G, NC, w, scale, sinks, **consts,
     )
     del S, z
     # prefix-state gradients: block i read the state of chunk c(i); the keys of chunk m are in
@@ -650,8 +728,13 @@ def _backward(q, k, v, qf, kf, gate, lg, decayed, kmask, o, cmax, amax, den, dy,
     hybrid_bwd_dkv_kernel[(B * Hkv, NS)](
         q, k, v, qf, kf, mask_arg, gate, lg, dy, den, delta, cmax, amax, dc, dSr, dzr,
         dk, dv, dkf, dlg_k,
-        *_strides(q, k, v, qf, kf), L, H, G, NC, w, scale, **consts,
+        *_strides(q, k, v, qf, kf), L, H, G, NC, w, scale, sinks, **consts,
     )
+    if SB:
+        s = min(sinks, L)
+        for grad, part in ((dk, dks), (dv, dvs)):
+            part = part.view(B, Hkv, G * NC, sink_rows, d).sum(2)[:, :, :s]  # over query heads and blocks
+            grad[:, :, :s] = (grad[:, :, :s].float() + part).to(grad.dtype)
     dlg = None
     if decayed:
         # dL/dlog gamma = sum over history pairs of age A dP: the pairs inside a query block's key
@@ -662,24 +745,24 @@ def _backward(q, k, v, qf, kf, gate, lg, decayed, kmask, o, cmax, amax, den, dy,
     return dq, dk, dv, dqf, dkf, dc, dlg
 
 
-def _key(q, k, qf, kind, decayed):
-    return (kind, q.shape[-1], qf.shape[-1], q.dtype, qf.dtype, k.shape[1] == q.shape[1], decayed)
+def _key(q, k, qf, kind, decayed, sinks):
+    return (kind, q.shape[-1], qf.shape[-1], q.dtype, qf.dtype, k.shape[1] == q.shape[1], decayed, sinks)
 
 
 class HybridAttentionFunction(torch.autograd.Function):
     """Hybrid attention on rolled inputs with a [B, L] uint8 key mask (see :func:`hybrid_attention_triton`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, qf, kf, mix, decay, kmask, kind, w, scale, cfg, fixed):
+    def forward(ctx, q, k, v, qf, kf, mix, decay, kmask, kind, w, sinks, scale, cfg, fixed):
         gate = torch.sigmoid(mix.detach().float()).contiguous()
         decayed = decay is not None
         lg = decay.detach().float().contiguous() if decayed else gate.new_zeros(gate.shape)
         o, cmax, amax, den = _with_fallback(
-            ("fwd",) + _key(q, k, qf, kind, decayed), cfg, fixed,
-            lambda c: _forward(q, k, v, qf, kf, gate, lg, decayed, kmask, kind, w, scale, c),
+            ("fwd",) + _key(q, k, qf, kind, decayed, sinks), cfg, fixed,
+            lambda c: _forward(q, k, v, qf, kf, gate, lg, decayed, kmask, kind, w, sinks, scale, c),
         )
         ctx.save_for_backward(q, k, v, qf, kf, mix, lg, kmask, o, cmax, amax, den)
-        ctx.kind, ctx.w, ctx.scale, ctx.cfg, ctx.fixed, ctx.decayed = kind, w, scale, cfg, fixed, decayed
+        ctx.kind, ctx.w, ctx.sinks, ctx.scale, ctx.cfg, ctx.fixed, ctx.decayed = kind, w, sinks, scale, cfg, fixed, decayed
         return o
 
     @staticmethod
@@ -693,9 +776,9 @@ class HybridAttentionFunction(torch.autograd.Function):
         # delta_n = dy_n . y_n / den_n: the gradient through the joint normaliser (0 where den = 0)
         delta = torch.where(ok, (dy.float() * o.float()).sum(-1) / torch.where(ok, den, torch.ones_like(den)), 0.0)
         dq, dk, dv, dqf, dkf, dc, dlg = _with_fallback(
-            ("bwd",) + _key(q, k, qf, kind, ctx.decayed), ctx.cfg, ctx.fixed,
+            ("bwd",) + _key(q, k, qf, kind, ctx.decayed, ctx.sinks), ctx.cfg, ctx.fixed,
             lambda c: _backward(q, k, v, qf, kf, gate, lg, ctx.decayed, kmask, o, cmax, amax, den, dy, delta, kind,
-                                ctx.w, ctx.scale, c),
+                                ctx.w, ctx.sinks, ctx.scale, c),
         )
         dmix = None
         if kind == "linear":  # q, k and mix do not enter the linear kind
@@ -704,7 +787,7 @@ class HybridAttentionFunction(torch.autograd.Function):
             # dy/dg has the form of dy/dc: dL/dg = -sum_n dc_n / g, and dg/dmix = g (1 - g)
             dmix = ((1 - gate.view(1, -1, 1)) * -dc).sum((0, 2)).to(mix.dtype)
         ddecay = dlg if ctx.needs_input_grad[6] else None
-        return dq, dk, dv, dqf, dkf, dmix, ddecay, None, None, None, None, None, None
+        return dq, dk, dv, dqf, dkf, dmix, ddecay, None, None, None, None, None, None, None
 
 
 def hybrid_attention_triton(
@@ -726,15 +809,15 @@ def hybrid_attention_triton(
     """LoLCATs hybrid attention through the Triton kernels (forward and backward).
 
     Same contract as :func:`kernels.hybrid.chunk_torch.hybrid_attention_torch` (inputs assumed
-    validated by :func:`kernels.dispatch.hybrid_attention`), without sink tokens.
+    validated by :func:`kernels.dispatch.hybrid_attention`).
 
     Args:
         q: ``[B, H, L, d]`` queries after RoPE. Any strides with a unit last stride.
         k, v: ``[B, H_kv, L, d]`` keys and values, H a multiple of H_kv (not repeated).
         q_feat, k_feat: ``[B, H, L, F]`` feature maps per query head.
         mix: ``[H]`` mixing logits (window weight sigmoid(mix)); unused by ``linear``.
-        rule: the window rule, :class:`kernels.hybrid.window.WindowRule` (kind and w; ``sinks``
-            must be 0: the chunk kernels do not implement sink tokens).
+        rule: the window rule, :class:`kernels.hybrid.window.WindowRule` (kind, w and s sink
+            tokens).
         attention_mask: ``[B, L]``, 1 = token, 0 = padding. Default: ``None``.
         scale: score scale. Default: ``d ** -0.5``.
         decay: ``[H]`` log gamma_h <= 0 of a decaying history (module docstring). Default: ``None``.
@@ -745,9 +828,6 @@ def hybrid_attention_triton(
     Returns:
         ``[B, H, L, d]`` in the dtype of ``q``.
     """
-    if rule.sinks:
-        raise ValueError(f"the Triton chunk kernels do not implement sink tokens, got sinks={rule.sinks}; "
-                         "use the PyTorch form (kernels.hybrid.chunk_torch) or 0 sink tokens")
     kind = rule.kind
     B, H, L, d = q.shape
     Fd = q_feat.shape[-1]
@@ -771,7 +851,8 @@ def hybrid_attention_triton(
     kmask = None if mask is None else mask.to(torch.uint8).contiguous()
     cfg = block_config(d, Fd, block_t, block_s, num_warps)
     fixed = block_t is not None or block_s is not None or num_warps is not None
-    y = HybridAttentionFunction.apply(q, k, v, qf, kf, mix, decay, kmask, kind, rule.window_size, scale, cfg, fixed)
+    y = HybridAttentionFunction.apply(q, k, v, qf, kf, mix, decay, kmask, kind, rule.window_size, rule.sinks, scale, cfg,
+                                      fixed)
     return restore_rows(y, shift).to(out_dtype)
 
 

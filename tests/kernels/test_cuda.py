@@ -1,6 +1,6 @@
 """The compiled Triton kernels on a CUDA device, not the CPU interpreter: the chunked prefill
-(forward and backward) and the decode step against the PyTorch references in float32 and bfloat16
-with left padding, the automatic backend choosing them, and a converted tiny model generating on
+(forward and backward, with and without sink tokens) and the decode step against the PyTorch
+references in float32 and bfloat16 with left padding, the automatic backend choosing them, and a converted tiny model generating on
 CUDA, through the Triton prefill and decode step, what it generates on CPU through PyTorch.
 
 Every test here is marked ``gpu``: on a machine without CUDA the suite skips them with the reason.
@@ -32,9 +32,9 @@ def _compiled_kernels(monkeypatch):
     dispatch.set_backend(None)
 
 
-def _auto_picks_triton(kind: str, tensors, decayed: bool = False) -> None:
+def _auto_picks_triton(kind: str, tensors, decayed: bool = False, sinks: int = 0) -> None:
     q, q_feat = tensors[0], tensors[3]
-    signature = (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype, decayed)
+    signature = (kind, q.shape[-1], q_feat.shape[-1], q.dtype, q_feat.dtype, decayed, sinks > 0)
     assert dispatch.select_backend(q.device, "auto", signature) == "triton"  # the smoke test passed
 
 
@@ -57,6 +57,25 @@ def test_prefill_and_backward_bfloat16(kind, feat_dtype):
     tensors = make_inputs(2, 4, 2, 150, 64, 32, pads=(0, 9), dtype=torch.bfloat16, feat_dtype=feat_dtype, device="cuda")
     _auto_picks_triton(kind, tensors)
     check_chunk_triton(kind, 16, tensors[:6], tensors[6], ratio=2e-2, grad_ratio=3e-2, against_torch=False, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", HALF_KINDS)
+def test_prefill_and_backward_with_sink_tokens_float32(kind):
+    """4 sink tokens with a decaying history, GQA, left padding, 64-row blocks over L = 300, so
+    the later blocks read the sinks beside their key loop."""
+    tensors = make_inputs(2, 4, 2, 300, 16, 8, pads=(0, 70), seed=3, device="cuda")
+    _auto_picks_triton(kind, tensors, decayed=True, sinks=4)
+    check_chunk_triton(kind, 16, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5, decay=sample_decay(4), sinks=4)
+
+
+def test_recipe_attention_bfloat16():
+    """paper-8b's attention in Llama-3-8B's head shape: terraced, w 64, 4 sink tokens, a decaying
+    history; d 128, F 128, 4 query heads per KV head; bf16 with float32 features."""
+    tensors = make_inputs(1, 8, 2, 400, 128, 64, pads=(5,), dtype=torch.bfloat16, feat_dtype=torch.float32, seed=4,
+                          device="cuda")
+    _auto_picks_triton("terraced", tensors, decayed=True, sinks=4)
+    check_chunk_triton("terraced", 64, tensors[:6], tensors[6], ratio=2e-2, grad_ratio=3e-2, against_torch=False,
+                       atol=1e-4, decay=sample_decay(8), sinks=4)
 
 
 @pytest.mark.parametrize("kind", KINDS)

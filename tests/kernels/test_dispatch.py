@@ -170,15 +170,15 @@ def test_smoke_test_runs_forward_and_backward(monkeypatch):
     """The one-off check auto mode runs on a CUDA device (here on the interpreter's CPU tensors)."""
     monkeypatch.setattr(dispatch, "_smoke", {})
     cpu = torch.device(DEVICE)
-    assert dispatch._smoke_test(cpu, ("terraced", 16, 8, torch.float32, torch.float32, True)) is None
-    assert dispatch._smoke_test(cpu, ("sliding_window", 16, 8, torch.bfloat16, torch.float32, False)) is None
+    assert dispatch._smoke_test(cpu, ("terraced", 16, 8, torch.float32, torch.float32, True, True)) is None
+    assert dispatch._smoke_test(cpu, ("sliding_window", 16, 8, torch.bfloat16, torch.float32, False, False)) is None
     chunk_triton, _ = dispatch.load_triton()
 
     def broken(*args, **kwargs):
         raise RuntimeError("ptxas fatal: unsupported target")
 
     monkeypatch.setattr(chunk_triton, "hybrid_attention_triton", broken)
-    problem = dispatch._smoke_test(cpu, ("linear", 16, 8, torch.float32, torch.float32, True))
+    problem = dispatch._smoke_test(cpu, ("linear", 16, 8, torch.float32, torch.float32, True, False))
     assert "compiling or running the kernels failed" in problem and "ptxas fatal" in problem
 
 
@@ -199,18 +199,49 @@ def test_auto_on_cuda_falls_back_with_one_warning_when_the_kernels_fail(monkeypa
         dispatch.select_backend("cuda", backend="triton")
 
 
-def test_sink_tokens_run_the_pytorch_form(monkeypatch):
-    """The Triton chunk kernels do not implement sink tokens: ``auto`` never reaches them with
-    sinks; forcing ``triton`` is refused with the fix."""
+def test_sink_tokens_reach_the_triton_kernels(monkeypatch):
+    """A call with sink tokens follows the same switch as one without: ``triton`` runs the chunk
+    kernels (equal to the PyTorch form), ``auto`` on CPU the PyTorch form."""
     calls = spy_on_backends(monkeypatch)
     q, k, v, qf, kf, mix, mask = make_inputs(2, 2, 1, 30, 16, 8, pads=(0, 4), device=DEVICE)
-    monkeypatch.setenv(dispatch.ENV_VAR, "auto")
-    hybrid_attention(q, k, v, qf, kf, mix, WindowRule("terraced", 8, 2), mask)
-    assert calls == ["torch"]
+    rule = WindowRule("terraced", 8, 2)
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
-    with pytest.raises(dispatch.KernelBackendError, match="chunk kernels do not implement sink tokens"):
-        hybrid_attention(q, k, v, qf, kf, mix, WindowRule("terraced", 8, 2), mask)
-    assert calls == ["torch"]
+    y_triton = hybrid_attention(q, k, v, qf, kf, mix, rule, mask)
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    y_torch = hybrid_attention(q, k, v, qf, kf, mix, rule, mask)
+    monkeypatch.setenv(dispatch.ENV_VAR, "auto")
+    hybrid_attention(q, k, v, qf, kf, mix, rule, mask)
+    assert calls == ["triton", "torch", "triton" if DEVICE == "cuda" else "torch"]
+    m = mask.bool()[:, None, :, None]
+    assert_close("triton vs torch", torch.where(m, y_torch, 0), torch.where(m, y_triton, 0), 1e-5)
+
+
+def test_auto_on_cuda_picks_triton_for_the_recipe_attention(monkeypatch):
+    """A tiny model converted with paper-8b's attention (terraced, w 64, 4 sink tokens, a decaying
+    history, feature maps before RoPE) asks for the backend with a signature whose smoke test the
+    kernels pass (here through the interpreter), so ``auto`` picks Triton for it on CUDA."""
+    import core
+    from core.config import preset
+    from tests.tiny_models import tiny_model
+
+    spec = preset("paper-8b").attention
+    recipe = (spec.kind, spec.window_size, spec.sink_tokens, spec.history_norm, spec.feature_positions)
+    assert recipe == ("terraced", 64, 4, "decay", "none")
+    signatures = []
+    real_select, real_smoke = dispatch.select_backend, dispatch._smoke_test
+    monkeypatch.setattr(dispatch, "select_backend", lambda device, backend=None, signature=None:
+                        signatures.append(signature) or real_select(device, backend, signature))
+    model = core.linearize(tiny_model("llama", seed=0), spec)
+    with torch.no_grad():
+        model(input_ids=torch.randint(3, 101, (1, 70)), use_cache=False)
+    assert len(set(signatures)) == 1 and signatures[0][-2:] == (True, True)  # decayed, with sinks
+    monkeypatch.setattr(dispatch, "_triton_problem", lambda device: None)
+    monkeypatch.setattr(dispatch, "_smoke", {})
+    smoked = []
+    monkeypatch.setattr(dispatch, "_smoke_test", lambda device, signature: smoked.append(signature) or
+                        real_smoke(torch.device(DEVICE), signature))
+    assert real_select("cuda", "auto", signatures[0]) == "triton"
+    assert smoked == signatures[:1] and dispatch._smoke[(DEVICE,) + signatures[0]] is None
 
 
 def _broken(name, change):

@@ -10,14 +10,14 @@ from kernels.hybrid.window import WindowRule
 from tests.kernels.utils import GRAD_NAMES, assert_close, forward_backward
 
 
-def check_chunk_triton(kind, w, tensors, mask, *, ratio, grad_ratio, against_torch=True, atol=1e-6, decay=None,
+def check_chunk_triton(kind, w, tensors, mask, *, ratio, grad_ratio, against_torch=True, atol=1e-6, decay=None, sinks=0,
                        **kernel_kwargs):
     """Output and all six gradients (seven with a ``decay``, log gamma [H]) vs the float64 naive
-    reference (real queries) and vs chunk_torch."""
+    reference (real queries) and vs chunk_torch, for the window rule (kind, w, sinks)."""
     torch.manual_seed(0)
     q = tensors[0]
     dy = torch.randn(q.shape, dtype=torch.float32) * mask.cpu()[:, None, :, None]
-    rule = WindowRule(kind, w)
+    rule = WindowRule(kind, w, sinks)
     y, grads = forward_backward(hybrid_attention_triton, tensors, mask, dy.to(q.device), decay, rule=rule, **kernel_kwargs)
     assert y.dtype == q.dtype and y.device == q.device
     cpu64 = [t.detach().cpu().double() for t in tensors]

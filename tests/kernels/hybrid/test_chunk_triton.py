@@ -133,8 +133,30 @@ def test_fully_padded_row_and_linear_gradients():
     assert (leaves[2].grad[1] == 0).all() and (leaves[4].grad[1] == 0).all()
 
 
-def test_refuses_sink_tokens():
-    """The chunk kernels do not implement sink tokens (the dispatch sends such calls to the PyTorch form)."""
-    q, k, v, qf, kf, mix, mask = make_inputs(1, 2, 1, 20, 16, 8, device=DEVICE)
-    with pytest.raises(ValueError, match="the Triton chunk kernels do not implement sink tokens, got sinks=2"):
-        hybrid_attention_triton(q, k, v, qf, kf, mix, WindowRule("terraced", 8, 2), mask)
+@pytest.mark.parametrize("decayed", [False, True], ids=["paper", "decay"])
+@pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
+def test_sink_tokens(kind, decayed):
+    """4 sink tokens (the recipes'), GQA (2 query heads over 1 KV head), left padding of 0 / 9
+    tokens, 32-query / 16-key blocks and w = 16, so later blocks read the sinks beside their key
+    loop: output and every gradient against the float64 oracle and the PyTorch form."""
+    tensors = make_inputs(2, 2, 1, 70, 16, 8, pads=(0, 9), seed=9, device=DEVICE)
+    check_chunk_triton(kind, 16, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5, sinks=4,
+                       decay=sample_decay(2) if decayed else None, block_t=32, block_s=16)
+
+
+@pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
+def test_sink_tokens_across_blocks(kind):
+    """37 sink tokens, more than a key block (16): three blocks of sinks, the last of them inside
+    the key loop of the last query block, which reads the first two beside it; w = 8, and a row
+    of 70 padding tokens, shorter than the sinks."""
+    tensors = make_inputs(2, 2, 1, 90, 16, 8, pads=(0, 70), seed=10, device=DEVICE)
+    check_chunk_triton(kind, 8, tensors[:6], tensors[6], ratio=1e-5, grad_ratio=1e-5, sinks=37, block_t=32, block_s=16)
+
+
+def test_sink_tokens_default_blocks_half_precision():
+    """The recipe's rule (terraced, w 64, 4 sinks, a decay) at the default 64-row blocks in bfloat16
+    with float32 features (a bf16 model's), d = 64: the bound of the half-precision test."""
+    tensors = make_inputs(1, 2, 1, 200, 64, 16, pads=(6,), dtype=torch.bfloat16, feat_dtype=torch.float32, seed=11,
+                          device=DEVICE)
+    check_chunk_triton("terraced", 64, tensors[:6], tensors[6], ratio=2e-2, grad_ratio=3e-2, against_torch=False,
+                       atol=1e-4, sinks=4, decay=sample_decay(2))
