@@ -148,6 +148,19 @@ def test_sink_tokens_need_a_window():
         hybrid_attention_torch(q, k, v, qf, kf, mix, WindowRule("linear", 8, 2))
 
 
+def assert_gradients_match(kind, y, ref, mask, leaves, ref_leaves):
+    """Every input's gradient (q k v qf kf mix decay) of one random cotangent, through ``y`` and the
+    float64 oracle ``ref``, within 1e-4."""
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)) * mask[:, None, :, None]
+    (y * dy).sum().backward()
+    (ref * dy.double()).sum().backward()
+    for name, got, want in zip("q k v qf kf mix decay".split(), leaves, ref_leaves):
+        if want.grad is None or not want.grad.any():  # linear attention: q, k and mix do not enter
+            assert kind == "linear" and name in ("q", "k", "mix"), name
+            continue
+        assert got.grad.shape == want.grad.shape and rel_err(got.grad, want.grad) <= 1e-4, name
+
+
 @pytest.mark.parametrize("kind, sinks", [("linear", 0), ("sliding_window", 0), ("sliding_window", 3), ("terraced", 0),
                                          ("terraced", 3)])
 def test_decay_matches_the_oracle_with_gradients(kind, sinks):
@@ -161,14 +174,7 @@ def test_decay_matches_the_oracle_with_gradients(kind, sinks):
     ref = naive_hybrid_attention(*ref_leaves[:6], WindowRule(kind, 16, sinks), mask, decay=ref_leaves[6])
     assert rel_err(y, ref, mask) <= 1e-5
     assert rel_err(y, naive_hybrid_attention(q, k, v, qf, kf, mix, WindowRule(kind, 16, sinks), mask), mask) > 1e-2
-    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)) * mask[:, None, :, None]
-    (y * dy).sum().backward()
-    (ref * dy.double()).sum().backward()
-    for name, got, want in zip("q k v qf kf mix decay".split(), leaves, ref_leaves):
-        if want.grad is None or not want.grad.any():  # linear attention: q, k and mix do not enter
-            assert kind == "linear" and name in ("q", "k", "mix"), name
-            continue
-        assert rel_err(got.grad, want.grad) <= 1e-4, name
+    assert_gradients_match(kind, y, ref, mask, leaves, ref_leaves)
     assert decay.shape == (4,) and ref_leaves[6].grad[-1] != 0  # gamma = 1 still has a gradient (it may shrink)
 
 
@@ -193,11 +199,4 @@ def test_key_features_per_key_value_head_match_the_oracle_with_gradients(kind, s
     ref = naive_hybrid_attention(*ref_leaves[:4], per_query[0], ref_leaves[5], WindowRule(kind, 16, sinks), mask,
                                  decay=per_query[1])
     assert rel_err(y, ref, mask) <= 1e-5
-    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)) * mask[:, None, :, None]
-    (y * dy).sum().backward()
-    (ref * dy.double()).sum().backward()
-    for name, got, want in zip("q k v qf kf mix decay".split(), leaves, ref_leaves):
-        if want.grad is None or not want.grad.any():  # linear attention: q, k and mix do not enter
-            assert kind == "linear" and name in ("q", "k", "mix"), name
-            continue
-        assert got.grad.shape == want.grad.shape and rel_err(got.grad, want.grad) <= 1e-4, name
+    assert_gradients_match(kind, y, ref, mask, leaves, ref_leaves)
