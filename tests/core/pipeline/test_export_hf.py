@@ -72,8 +72,8 @@ def plain_load(out, cwd):
 @pytest.fixture(scope="module")
 def gemma_exported(export_workspace):
     """``(run folder, report, export folder)`` of a tiny-test conversion of a tiny random Gemma 3
-    (its own sliding-window and global layers, q/k norms) with the bundled tokenizer, 2 sink tokens
-    and the power history normalisation."""
+    (its own sliding-window and global layers, q/k norms) with the bundled tokenizer, 2 sink tokens,
+    the power history normalisation and key feature maps per key/value head."""
     from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig
 
     from core.models import bundled_model_dir
@@ -90,8 +90,10 @@ def gemma_exported(export_workspace):
     Gemma3ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     run = export_workspace / "runs" / "tiny-gemma3"
-    # with sink tokens and the power history normalisation, so the carried code is checked on them too
-    config = preset("tiny-test", model={"source": str(folder)}, attention={"sink_tokens": 2, "history_norm": "power"})
+    # with sink tokens, the power history normalisation and key maps per key/value head (a state per
+    # key/value head, window keys rotated back per layer type), so the carried code is checked on them too
+    config = preset("tiny-test", model={"source": str(folder)},
+                    attention={"sink_tokens": 2, "history_norm": "power", "key_map_heads": "kv"})
     report = run_convert(config, run, workspace=export_workspace)
     return run, report, export(run, export_workspace / "export-gemma3", workspace=export_workspace)
 

@@ -7,6 +7,7 @@ shapes. Gradients use a cotangent that is zero at padded queries (their outputs 
 import pytest
 import torch
 
+from kernels import dispatch
 from kernels.hybrid.chunk_torch import hybrid_attention_torch
 from kernels.hybrid.chunk_triton import hybrid_attention_triton
 from kernels.hybrid.naive import naive_hybrid_attention
@@ -15,7 +16,7 @@ from tests.attention_inputs import make_inputs
 from tests.kernels.conftest import DEVICE
 from tests.kernels.hybrid.decoding import sample_decay
 from tests.kernels.hybrid.prefill import check_chunk_triton
-from tests.kernels.utils import assert_close
+from tests.kernels.utils import GRAD_NAMES, assert_close, forward_backward
 
 
 @pytest.mark.parametrize("L", [1, 63, 100], ids=lambda L: f"T{L}")
@@ -160,3 +161,22 @@ def test_sink_tokens_default_blocks_half_precision():
                           device=DEVICE)
     check_chunk_triton("terraced", 64, tensors[:6], tensors[6], ratio=2e-2, grad_ratio=3e-2, against_torch=False,
                        atol=1e-4, sinks=4, decay=sample_decay(2))
+
+
+@pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
+def test_key_features_per_key_value_head_through_the_op(kind):
+    """Key features and decay rates per key/value head reach the kernels through the op, which gives
+    each query head its group's: output and every gradient (those of the per-key/value-head
+    features and rates included) equal the PyTorch form's, with sinks and left padding."""
+    q, k, v, qf, kf, mix, mask = make_inputs(3, 4, 2, 70, 16, 8, pads=(0, 7, 40), device=DEVICE)
+    kf = kf[:, ::2].contiguous()  # [B, H_kv, L, F]
+    decay = sample_decay(2)
+    dy = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE) * mask[:, None, :, None]
+    rule = WindowRule(kind, 16, 2)
+    outs = [forward_backward(dispatch.hybrid_attention, (q, k, v, qf, kf, mix), mask, dy, decay, rule=rule,
+                             backend=backend) for backend in ("triton", "torch")]
+    (y, grads), (y_ref, g_ref) = outs
+    assert_close("o", y_ref, y, 1e-5)
+    for name, ref, got in zip(GRAD_NAMES, g_ref, grads):
+        assert ref.shape == got.shape and (name != "dk_feat" or got.shape[1] == 2)
+        assert_close(name, ref, got, 1e-5, 1e-6)
