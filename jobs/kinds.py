@@ -33,9 +33,10 @@ from typing import Annotated, Any, Callable, Literal
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
-from core.config import PRESET_DESCRIPTIONS, LongContextSpec
+from core.config import PRESET_DESCRIPTIONS, LongContextSpec, evaluation_overrides
 from core.config import PRESETS as CONVERT_PRESETS
-from core.run_folder import EXPORT_CONFIG, REPORT_FILE, is_export, is_run
+from core.lists import comma_ints
+from core.run_folder import EXPORT_CONFIG, REPORT_FILE, TASK_CACHE_DIR, is_export, is_run
 from core.workspace import safe_child
 from jobs.errors import ConfigError, UnknownKind
 
@@ -233,10 +234,11 @@ class EvaluateConfig(BaseModel):
     num_fewshot: int | None = Field(None, ge=0)  # None: each task's own count
     limit: int | None = Field(None, ge=1)  # at most this many items per task
     batch_size: int = Field(1, ge=1)
-    # quality by context length against the untrained sliding-window baselines (core.eval.long_context):
-    # token counts ("256,1024" is read as a list), "auto" (up to 8x the training length), or None: not run
+    # the run's evaluation step with quality by context length against the untrained window baselines and
+    # the frontier (core.eval.long_context): token counts ("256,1024" is read as a list), "auto" (up to 8x
+    # the training length), or None: not run
     lengths: list[int] | Literal["auto"] | None = None
-    sequences: int = Field(2, ge=1)  # held-out sequences of the longest length
+    sequences: int | None = Field(None, ge=1)  # held-out sequences of the longest length (None: the run's)
 
     @field_validator("lengths", mode="before")
     @classmethod
@@ -245,17 +247,15 @@ class EvaluateConfig(BaseModel):
         if value is None:
             return None
         if isinstance(value, str) and value.strip() != "auto":
-            try:
-                value = [int(part) for part in value.split(",") if part.strip()]
-            except ValueError:
-                raise ValueError(f"lengths takes 'auto' or token counts separated by commas, got {value!r}") from None
+            value = comma_ints(value, "lengths")
         try:
             return LongContextSpec(lengths=value).lengths
         except ValidationError as exc:
             raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
 
-    def long_context(self) -> LongContextSpec:
-        return LongContextSpec(lengths=self.lengths, sequences=self.sequences)
+    def overrides(self) -> list[str]:
+        """The run's eval settings this job changes, as dotted overrides (core.config.evaluation_overrides)."""
+        return evaluation_overrides(lengths=self.lengths, sequences=self.sequences)
 
 
 
@@ -285,22 +285,23 @@ def check_evaluate(config: EvaluateConfig, workspace: Path | None) -> None:
 def run_evaluate_job(config: EvaluateConfig, run_dir: Path, progress) -> dict:
     """The ``evaluate`` kind (report.json), on the model loaded once: with ``tasks``, teacher and
     student on them (each finished task is kept in ``run_dir/tasks`` and a resumed job skips it);
-    with ``lengths``, the report's ``long_context`` section (core.eval.long_context) on the bundled
-    held-out text, ``"auto"`` lengths relative to the run's training length ``data.seq_len``."""
+    with ``lengths``, the run's own evaluation step with this job's fields as overrides of its eval
+    settings (core.pipeline.convert.evaluate_again, as ``lolcats eval`` runs it): the same held-out
+    text and rules as the conversion, its figures at the report's top level and its ``long_context``
+    section, ``"auto"`` lengths relative to the run's training length ``data.seq_len``."""
     from core.eval.harness import evaluate_tasks  # torch and lm-eval load here, in the job process only
-    from core.eval.long_context import long_context_report
+    from core.export.teacher import teacher_problem
+    from core.pipeline.convert import evaluate_again
     from core.pipeline.runs import load_converted
 
     run = Path.cwd() / config.run
     model, tokenizer, info = loaded = load_converted(run, workspace=Path.cwd())
     report = {} if config.tasks is None else evaluate_tasks(
         run, config.tasks, num_fewshot=config.num_fewshot, limit=config.limit, batch_size=config.batch_size,
-        progress=progress, workspace=Path.cwd(), cache_dir=run_dir / "tasks", loaded=loaded)
+        progress=progress, workspace=Path.cwd(), cache_dir=run_dir / TASK_CACHE_DIR, loaded=loaded)
     if config.lengths is not None:
-        trained = info["config"]  # the run's conversion config (an export keeps its run's)
-        report["long_context"] = long_context_report(model, tokenizer, config.long_context(),
-                                                     trained["data"]["seq_len"], seed=trained.get("seed", 0),
-                                                     progress=progress)
+        report.update(evaluate_again(model, tokenizer, info["config"], config.overrides(), progress,
+                                     teacher_unavailable=teacher_problem(model)))
     return report
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, common
-from core.cli.evaluate import EVAL_FILE
-from core.export.card import length_table
+from app import charts, common, long_context_charts
+from core.eval.long_context_result import LongContextResult
 from core.io import read_json_object
+from core.run_folder import EVAL_FILE
 from jobs.records import JobInfo
 
 EVALUATE = "evaluate"  # job kind of an evaluation (jobs.kinds.run_evaluate_job)
@@ -110,7 +110,7 @@ def _compare(sources: list[tuple[JobInfo, dict[str, dict]]]) -> None:
                  column_config={"retention": st.column_config.NumberColumn(format=f"%{charts.RATIO_FORMAT}")})
 
 
-def _long_context_sources(job: common.Conversion) -> list[tuple[str, dict]]:
+def _long_context_sources(job: common.Conversion) -> list[tuple[str, LongContextResult]]:
     """``(where from, section)`` of every long-context evaluation of conversion ``job``: evaluate jobs
     on its run folder (newest first), then ``lolcats eval``'s eval.json, then its own report.json."""
     here = job.run_dir.resolve()
@@ -122,9 +122,46 @@ def _long_context_sources(job: common.Conversion) -> list[tuple[str, dict]]:
     return [(where, section) for where, section in found if section]
 
 
+_VERDICT_BOXES = {"worse": st.error, "level": st.info, "better": st.success}
+
+
+def _frontier(section: LongContextResult, job: common.Conversion, conversions: list[common.Conversion]) -> None:
+    """The frontier chart at a chosen length, with the other conversions' latest evaluations as
+    points, and the frontier table by length."""
+    lengths = long_context_charts.frontier_lengths(section)
+    if not lengths:
+        st.caption("No frontier: this evaluation was made before the frontier was measured; evaluate the conversion "
+                   "again to draw it.")
+        return
+    length = st.select_slider("Length for the frontier (tokens)", lengths, value=lengths[-1], key="frontier_length")
+    others = [(c.label, found[0][1]) for c in conversions if c.key != job.key
+              and (found := _long_context_sources(c))]
+    st.plotly_chart(long_context_charts.frontier_chart(section, length, others), key="long_frontier")
+    header, rows = section.frontier_table()
+    st.caption("The curve is the teacher's own softmax over sliding windows of several sizes plus the sinks, "
+               "untrained, each at the bytes its key/value cache holds per layer; the conversion sits at the bytes "
+               "its decode state holds per layer. Below the curve at its own bytes (read between the two nearest "
+               "windows, linearly in log bytes and log ratio), it is worth its memory; the last column is the "
+               "bytes a window needs for the conversion's quality.")
+    st.dataframe(pd.DataFrame(rows, columns=header), hide_index=True, width="stretch",
+                 column_config={**{name: st.column_config.NumberColumn(format="%.3f") for name in header[1:-2]},
+                                header[-1]: st.column_config.NumberColumn(format="%.0f")})
+
+
+def _passkey(section: LongContextResult) -> None:
+    key = section.passkey
+    st.plotly_chart(long_context_charts.passkey_grid(section), key="long_passkey")
+    lo, hi = key.interval(0.5 if key.trials % 2 == 0 else 1 / key.trials)
+    keys = "one key" if key.trials == 1 else f"{key.trials} keys"
+    st.caption(f"Each cell hides {keys} at a depth (0: the prompt's start, 1: its end) in filler text of the row's "
+               f"length and counts a key found when greedy decoding writes it whole. With {keys} a cell the "
+               f"counts are coarse: {round(0.5 * key.trials) if key.trials % 2 == 0 else 1}/{key.trials} found "
+               f"means 95 % between {lo:.0%} and {hi:.0%} (hover a cell for its interval).")
+
+
 def _long_context(conversions: list[common.Conversion]) -> None:
-    """Quality by context length of one conversion: ratio by position (chart) and by length (table),
-    the verdict against each baseline, and the passkey grid."""
+    """Quality by context length of one conversion: the verdicts, the frontier (chart and table),
+    the ratio by position (chart) and by length (table), and the passkey grid."""
     st.subheader("Long context")
     job = common.conversion_picker(conversions, key="long_conversion")
     sources = _long_context_sources(job)
@@ -137,27 +174,28 @@ def _long_context(conversions: list[common.Conversion]) -> None:
     where = sources[0][0] if len(sources) == 1 else st.selectbox("Long-context evaluation", list(by_where),
                                                                  key="long_source")
     section = by_where[where]
-    dropped = section.get("dropped_lengths")
-    st.caption(f"From {where}: {section['text']}, {section['sequences']} held-out sequence(s), trained on "
-               f"{section['train_seq_len']}-token blocks. Ratios are perplexity over the teacher's (lower is better, "
+    dropped = section.dropped_lengths
+    st.caption(f"From {where}: {section.text}, {section.sequences} held-out sequence(s), trained on "
+               f"{section.train_seq_len}-token blocks. Ratios are perplexity over the teacher's (lower is better, "
                "1.000 = as good as the teacher); the baselines are the teacher's own softmax over a window of "
-               "recent keys plus sink tokens, untrained." + (f" Left out for time: {', '.join(map(str, dropped))} tokens."
-                                                if dropped else ""))
-    for line in section.get("verdict", []):
-        (st.error if "WORSE" in line else st.success)(f"{line[:1].upper()}{line[1:]}.")
-    buckets = section["by_position"]
+               "recent keys plus sink tokens, untrained. A difference within twice its standard error on these "
+               "sequences is level." + (f" Left out for time: {', '.join(map(str, dropped))} tokens." if dropped
+                                        else ""))
+    for outcome, line in section.verdict_lines():
+        _VERDICT_BOXES[outcome](f"{line[:1].upper()}{line[1:]}.")
+    _frontier(section, job, conversions)
+    buckets = section.by_position
     if len(buckets) > 1:
-        st.plotly_chart(charts.position_ratios(section), key="long_positions")
+        st.plotly_chart(charts.position_ratios(section.model_dump()), key="long_positions")
     elif buckets:
-        st.caption(f"No chart by position: every evaluated position ({buckets[0]['start']}-{buckets[0]['end']}) falls "
+        st.caption(f"No chart by position: every evaluated position ({buckets[0].start}-{buckets[0].end}) falls "
                    "in one bucket of the chart, which needs two or more; the table below has the ratios.")
-    header, rows = length_table(section)
+    header, rows = section.length_table()
     st.dataframe(pd.DataFrame(rows, columns=header), hide_index=True, width="stretch",
                  column_config={**{name: st.column_config.NumberColumn(format="%.3f") for name in header[1:-1]},
                                 "top-1 agreement": st.column_config.NumberColumn(format="percent")})
-    if section.get("passkey"):
-        st.plotly_chart(charts.passkey_heatmaps(section["passkey"], section["baselines"]["window"]["label"]),
-                        key="long_passkey")
+    if section.passkey:
+        _passkey(section)
 
 
 st.title("Evaluation")

@@ -24,9 +24,9 @@ from core.data import load_spec_data
 from core.io import atomic_write_json
 from core.models import check_seq_len, load_model
 from core.progress import NullProgress, ProgressCallback
+from core.run_folder import CONFIG_FILE
 from core.train.checkpoint import has_checkpoint, load_checkpoint
 
-CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
 
 Blocks = dict[str, torch.Tensor]
@@ -121,4 +121,4 @@ def stage_summary(output: Path, stage: str) -> dict:
 
 
 __all__ = ["RunInputs", "start_run", "prepare_run_dir", "seed_everything", "load_teacher",
-           "stage_finished", "save_stage_summary", "stage_summary", "CONFIG_FILE", "SUMMARY_FILE"]
+           "stage_finished", "save_stage_summary", "stage_summary", "SUMMARY_FILE"]
