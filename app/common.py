@@ -30,11 +30,9 @@ from core.workspace import workspace_root
 from jobs import api
 from jobs.db import open_db
 from jobs.errors import JobsError
+from jobs.kinds import BENCHMARK, CONVERT, EXPORT  # noqa: F401 - the kinds the pages name as common.CONVERT, ...
 from jobs.records import JobInfo, MetricPoint
 
-CONVERT = "convert"  # job kind of a conversion (core.pipeline.convert.run_convert)
-EXPORT = "export"  # job kind of an export (jobs.kinds.run_export_job)
-BENCHMARK = "benchmark"  # job kind of a throughput benchmark (core.bench.run_benchmark)
 DEMO_PRESET = "cpu-demo"  # the conversion the empty states offer to launch
 ACTIVE = ("queued", "running")
 REFRESH_S = 2.0  # auto-refresh period of live views
@@ -451,7 +449,7 @@ class LoadedModel:
 
 @st.cache_resource(show_spinner="Loading the converted model (once per workbench process)...", max_entries=2)
 def _load(run_dir: str, stamp: float, root: str, dtype: str | None = None) -> LoadedModel:
-    from core.pipeline.runs import load_converted
+    from core.load import load_converted
 
     model, tokenizer, info = load_converted(run_dir, workspace=root, dtype=dtype)
     return LoadedModel(model, tokenizer, info, threading.Lock())

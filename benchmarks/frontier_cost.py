@@ -13,6 +13,8 @@ JSON object::
 Fields: ``seconds`` per pass of one sequence (``teacher``, ``student``, ``window_<w>``), the
 ``sequences`` of the preset's evaluation, ``added_s`` (every window's passes for all sequences:
 what the frontier adds to the evaluation), torch threads and the load average before and after.
+benchmarks/results/frontier-cost-cpu.json is its output with ``OMP_NUM_THREADS=1`` on a shared,
+loaded machine: compare the windows' seconds with the teacher's in the same run, not across runs.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from core.eval.long_context import held_out_sequences, token_scores
 from core.eval.metrics import teacher_context
 from core.eval.window_baseline import WindowBaseline, window_softmax
 from core.lists import comma_ints
-from core.pipeline.prelude import load_teacher
+from core.load import load_teacher
 
 
 def main(argv: list[str] | None = None) -> int:

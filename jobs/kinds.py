@@ -122,21 +122,24 @@ def _problems(exc: ValidationError) -> list[tuple[str, str]]:
     return problems
 
 
-KINDS: dict[str, JobKind] = {}
+JOB_KINDS: dict[str, JobKind] = {}
+
+# the names of the kinds shipped below, for the pages and commands that submit or list them
+SELFTEST, CONVERT, BENCHMARK, EVALUATE, EXPORT, BUDGETS = "selftest", "convert", "benchmark", "evaluate", "export", "budgets"
 
 
 def register_kind(kind: JobKind, *, replace: bool = False) -> JobKind:
-    if kind.name in KINDS and not replace:
+    if kind.name in JOB_KINDS and not replace:
         raise ValueError(f"job kind {kind.name!r} is already registered")
-    KINDS[kind.name] = kind
+    JOB_KINDS[kind.name] = kind
     return kind
 
 
 def get_kind(name: str) -> JobKind:
     try:
-        return KINDS[name]
+        return JOB_KINDS[name]
     except KeyError:
-        raise UnknownKind(f"unknown job kind {name!r}; valid kinds: {', '.join(sorted(KINDS))}") from None
+        raise UnknownKind(f"unknown job kind {name!r}; valid kinds: {', '.join(sorted(JOB_KINDS))}") from None
 
 
 @dataclass(frozen=True)
@@ -163,16 +166,16 @@ def get_preset(name: str) -> Preset:
 
 # --- kinds shipped with the job system ---------------------------------------------------------
 register_kind(JobKind(
-    name="selftest",
+    name=SELFTEST,
     config_model="jobs.selftest:SelftestConfig",
     run="jobs.selftest:run_selftest",
     description="A tiny deterministic job that exercises checkpoints, metrics, failures and cancel.",
     resume_safe=frozenset({"step_seconds", "fail_at_step", "nan_at_step", "oom_at_step", "spawn_grandchild",
                            "ignore_stop", "ignore_sigterm", "output_path"}),
 ))
-register_preset("selftest-quick", "selftest", {"steps": 5, "step_seconds": 0.05},
+register_preset("selftest-quick", SELFTEST, {"steps": 5, "step_seconds": 0.05},
                 "5 fast steps: checks that a worker runs jobs end to end")
-register_preset("selftest-slow", "selftest", {"steps": 60, "step_seconds": 1.0},
+register_preset("selftest-slow", SELFTEST, {"steps": 60, "step_seconds": 1.0},
                 "one minute of steps: try cancel and resume by hand")
 
 
@@ -184,7 +187,7 @@ def run_convert_job(config, run_dir: Path, progress) -> dict:
 
 
 register_kind(JobKind(
-    name="convert",
+    name=CONVERT,
     config_model="core.config:ConvertConfig",
     run=run_convert_job,
     check="core.pipeline.preflight:check_conversion",  # config.json and the data's first rows: no torch at submit
@@ -195,7 +198,7 @@ register_kind(JobKind(
 def _register_convert_presets() -> None:
     """The conversion presets of core.config, with their one-line descriptions."""
     for name, config in CONVERT_PRESETS.items():
-        register_preset(name, "convert", config, PRESET_DESCRIPTIONS[name])
+        register_preset(name, CONVERT, config, PRESET_DESCRIPTIONS[name])
 
 
 _register_convert_presets()
@@ -212,13 +215,13 @@ def run_benchmark_job(config, run_dir: Path, progress) -> dict:
 
 
 register_kind(JobKind(
-    name="benchmark",
+    name=BENCHMARK,
     config_model="core.bench:BenchConfig",
     run=run_benchmark_job,
     description="Throughput and memory, teacher vs converted student, over batch size and context length.",
     resume_safe=frozenset({"threads", "warmup"}),
 ))
-register_preset("bench-cpu", "benchmark", {"batch_sizes": [1, 4], "prompt_lengths": [256, 1024], "gen_lengths": [8],
+register_preset("bench-cpu", BENCHMARK, {"batch_sizes": [1, 4], "prompt_lengths": [256, 1024], "gen_lengths": [8],
                                            "threads": 1},
                 "a few minutes on CPU: batch 1-4, context 256-1024")
 
@@ -292,7 +295,7 @@ def run_evaluate_job(config: EvaluateConfig, run_dir: Path, progress) -> dict:
     from core.eval.harness import evaluate_tasks  # torch and lm-eval load here, in the job process only
     from core.export.teacher import teacher_problem
     from core.pipeline.convert import evaluate_again
-    from core.pipeline.runs import load_converted
+    from core.load import load_converted
 
     run = Path.cwd() / config.run
     model, tokenizer, info = loaded = load_converted(run, workspace=Path.cwd())
@@ -306,7 +309,7 @@ def run_evaluate_job(config: EvaluateConfig, run_dir: Path, progress) -> dict:
 
 
 register_kind(JobKind(
-    name="evaluate",
+    name=EVALUATE,
     config_model=EvaluateConfig,
     run=run_evaluate_job,
     check=check_evaluate,
@@ -386,7 +389,7 @@ def load_snippet(folder: str) -> str:
 
 
 register_kind(JobKind(
-    name="export",
+    name=EXPORT,
     config_model=ExportConfig,
     run=run_export_job,
     check=check_export,
@@ -403,11 +406,11 @@ def run_budgets_job(config, run_dir: Path, progress) -> dict:
 
 
 register_kind(JobKind(
-    name="budgets",
+    name=BUDGETS,
     config_model="core.pipeline.budget_spec:BudgetSweepConfig",
     run=run_budgets_job,
     check="core.pipeline.budget_spec:check_sweep_fit",
     description="Quality vs decode cost with 0, 1, 2, ... layers kept softmax, from one attention transfer.",
 ))
-register_preset("budgets-cpu-demo", "budgets", {"base": CONVERT_PRESETS["cpu-demo"], "budgets": [0, 1, 2, 4, 8]},
+register_preset("budgets-cpu-demo", BUDGETS, {"base": CONVERT_PRESETS["cpu-demo"], "budgets": [0, 1, 2, 4, 8]},
                 "cpu-demo with 0, 1, 2, 4 and 8 layers kept softmax: quality vs decode cost")

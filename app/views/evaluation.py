@@ -15,9 +15,9 @@ from app import charts, common, long_context_charts
 from core.eval.long_context_result import LongContextResult
 from core.io import read_json_object
 from core.run_folder import EVAL_FILE
+from jobs.kinds import EVALUATE
 from jobs.records import JobInfo
 
-EVALUATE = "evaluate"  # job kind of an evaluation (jobs.kinds.run_evaluate_job)
 DEFAULT_LIMIT = 20  # items per task the form proposes (0: every item)
 LENGTHS_HINT = "256,1024,2048,4096"  # the context lengths the empty state suggests
 

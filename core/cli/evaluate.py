@@ -159,7 +159,7 @@ def evaluate(
     from core.export.teacher import teacher_problem
     from core.io import atomic_write_json
     from core.pipeline.convert import evaluate_again
-    from core.pipeline.runs import load_converted
+    from core.load import load_converted
 
     overrides = [*evaluation_overrides(seq_len=seq_len, ppl_blocks=ppl_blocks, passkey_trials=passkey_trials,
                                        lengths=parse_lengths(lengths), sequences=sequences, grid_trials=grid_trials),

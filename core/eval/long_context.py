@@ -231,7 +231,7 @@ def long_context_report(model: nn.Module, tokenizer, spec: LongContextSpec, seq_
     seqs = held_out_sequences(tokenizer, lengths[-1], spec.sequences, eval_text)
     chosen, sizes = baselines(model)
     curve = frontier_windows(chosen, spec.frontier_windows, lengths[-1])
-    windows = {b.name: b for b in [*chosen, *curve] if b.name not in ("teacher", STUDENT)}
+    windows = {b.name: b for b in [*chosen, *curve]}
     contexts = {"teacher": lambda: teacher_context(model), STUDENT: nullcontext,
                 **{name: (lambda b=b: window_softmax(model, b)) for name, b in windows.items()}}
     scores, done = {}, 0

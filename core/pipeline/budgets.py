@@ -34,13 +34,13 @@ from core.bench.memory import peak_tracker, weight_bytes
 from core.config import ConvertConfig
 from core.eval.layer_scores import worst_layers
 from core.io import atomic_write_json
+from core.load import load_teacher, saved_choice
 from core.pipeline.convert import run_convert
 from core.pipeline.budget_spec import BudgetSweepConfig, budget_config
 from core.pipeline.budget_table import markdown_table, tradeoff_figure
-from core.pipeline.prelude import load_teacher, prepare_run_dir
-from core.pipeline.softmax_choice import CHOICE_FILE, saved_choice
+from core.pipeline.prelude import prepare_run_dir
 from core.progress import NullProgress, ProgressCallback
-from core.run_folder import CONFIG_FILE, REPORT_FILE, STAGE1, TEACHER_FILE
+from core.run_folder import CHOICE_FILE, CONFIG_FILE, REPORT_FILE, STAGE1, TEACHER_FILE
 
 RESULT_FILE = "budgets.json"
 
