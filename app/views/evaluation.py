@@ -151,12 +151,13 @@ def _frontier(section: LongContextResult, job: common.Conversion, conversions: l
 def _passkey(section: LongContextResult) -> None:
     key = section.passkey
     st.plotly_chart(long_context_charts.passkey_grid(section), key="long_passkey")
-    lo, hi = key.interval(0.5 if key.trials % 2 == 0 else 1 / key.trials)
+    hits = max(key.trials // 2, 1)  # an example count to show the interval of
+    lo, hi = key.interval(hits / key.trials)
     keys = "one key" if key.trials == 1 else f"{key.trials} keys"
     st.caption(f"Each cell hides {keys} at a depth (0: the prompt's start, 1: its end) in filler text of the row's "
                f"length and counts a key found when greedy decoding writes it whole. With {keys} a cell the "
-               f"counts are coarse: {round(0.5 * key.trials) if key.trials % 2 == 0 else 1}/{key.trials} found "
-               f"means 95 % between {lo:.0%} and {hi:.0%} (hover a cell for its interval).")
+               f"counts are coarse: {hits}/{key.trials} found means 95 % between {lo:.0%} and {hi:.0%} (hover a "
+               "cell for its interval).")
 
 
 def _long_context(conversions: list[common.Conversion]) -> None:
