@@ -1,6 +1,7 @@
 """Evaluation: task accuracy of teacher and student (lm-evaluation-harness), per task with error
 bars, the retention ratio student / teacher, and several runs side by side; and quality by context
-length of one conversion against the untrained sliding-window baselines (core.eval.long_context).
+length of one conversion against the untrained sliding-window baselines and the training-free
+frontier (core.eval.long_context).
 Task results come from evaluate jobs' reports and from conversions whose config asked for tasks
 (report.json ``tasks``); long-context sections from evaluate jobs on the run, ``lolcats eval``'s
 eval.json and the conversion's report.json. A form queues an evaluation of a finished conversion
@@ -43,7 +44,8 @@ def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
                    "through lm-evaluation-harness on the same items, in the background like a conversion. "
                    "`offline` is the bundled task set (no network); `paper` is the LoLCATs suite (PiQA, ARC, "
                    "HellaSwag, Winogrande, MMLU 5-shot), which downloads its data sets from the hub. Context "
-                   "lengths add quality by context length against the untrained sliding-window baselines.")
+                   "lengths add the conversion's own evaluation (its held-out text and settings) with quality by "
+                   "context length against the untrained sliding-window baselines and the frontier.")
         by_key = {c.key: c for c in conversions}
         chosen = st.selectbox("Conversion", list(by_key), key="eval_conversion", format_func=lambda k: by_key[k].label)
         c1, c2, c3 = st.columns([2, 1, 2])
@@ -52,7 +54,8 @@ def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
                                    "accuracy.")
         limit = c2.number_input("Items per task (0: all)", min_value=0, value=DEFAULT_LIMIT, key="eval_limit")
         lengths = c3.text_input("Context lengths", "", key="eval_lengths", placeholder=LENGTHS_HINT,
-                                help="Quality by context length against the untrained sliding-window baselines: "
+                                help="Quality by context length against the untrained sliding-window baselines and "
+                                     "the frontier: "
                                      "token counts separated by commas, or `auto` (up to 8x the training length); "
                                      "empty: none.")
         if st.button("Evaluate", type="primary", key="eval_submit", icon=":material/play_arrow:"):
