@@ -199,8 +199,9 @@ class Stage2Spec(_Spec):
 
 
 class LongContextSpec(_Spec):
-    """Quality by context length (:mod:`core.eval.long_context`): teacher, student and the two
-    training-free sliding-window baselines on held-out contiguous text, and a passkey grid."""
+    """Quality by context length (:mod:`core.eval.long_context`): teacher, student, the two
+    training-free sliding-window baselines and the frontier of windows on held-out contiguous text,
+    and a passkey grid."""
 
     enabled: bool = True
     # context lengths in tokens, or "auto": powers of two from 256 (or seq_len, if shorter) to 8 x seq_len

@@ -10,7 +10,8 @@ Run folder layout (all under ``output``)::
                       and every layer's score (core.pipeline.softmax_choice)
     report.json       teacher_ppl, student_ppl, ppl_ratio, per_layer_mse, passkey, samples, timings,
                       softmax_layers (every layer left softmax), ``long_context`` (quality by context
-                      length against the sliding-window baselines, core.eval.long_context),
+                      length against the sliding-window baselines and the frontier,
+                      core.eval.long_context_result),
                       ``softmax_score`` (``layer_score`` before it was named as the config
                       names it) and ``layer_scores``
                       with ``softmax_layers: auto``, and ``tasks`` (the task-accuracy result of
