@@ -182,9 +182,8 @@ def _long_context(conversions: list[common.Conversion]) -> None:
     st.caption(f"From {where}: {section.text}, {section.sequences} held-out sequence(s), trained on "
                f"{section.train_seq_len}-token blocks. Ratios are perplexity over the teacher's (lower is better, "
                "1.000 = as good as the teacher); the baselines are the teacher's own softmax over a window of "
-               "recent keys plus sink tokens, untrained. A difference within twice its standard error on these "
-               "sequences is level." + (f" Left out for time: {', '.join(map(str, dropped))} tokens." if dropped
-                                        else ""))
+               f"recent keys plus sink tokens, untrained. {section.margin_note()}"
+               + (f" Left out for time: {', '.join(map(str, dropped))} tokens." if dropped else ""))
     for outcome, line in section.verdict_lines():
         _VERDICT_BOXES[outcome](f"{line[:1].upper()}{line[1:]}.")
     _frontier(section, job, conversions)

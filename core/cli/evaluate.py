@@ -178,4 +178,5 @@ def evaluate(
             console.print(table)
         for outcome, line in section.verdict_lines():
             console.print(f"{line[:1].upper()}{line[1:]}.", style=OUTCOME_STYLES[outcome], highlight=False)
+        console.print(section.margin_note(), highlight=False)
     console.print(f"report: {path}")

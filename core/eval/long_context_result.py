@@ -218,6 +218,7 @@ class LongContextResult(_Section):
     by_length: list[LengthRow]
     by_position: list[PositionRow] = []
     verdicts: list[Verdict] = []
+    margins: Literal["paired", "fixed"] = "paired"  # fixed: UNMEASURED_MARGIN, a section older than the noise
     frontier: Frontier | None = None
     passkey: PasskeyGrid | None = None
     seconds: float | None = None
@@ -228,6 +229,7 @@ class LongContextResult(_Section):
         """A section written before the verdicts were data: verdicts from its stored ratios."""
         if isinstance(data, dict) and "verdicts" not in data and data.get("by_length"):
             data = dict(data)
+            data["margins"] = "fixed"
             data["verdicts"] = [
                 Verdict.judge(name, row["length"], row[STUDENT]["ratio"], row[name]["ratio"], UNMEASURED_MARGIN)
                 for name in data.get("baselines", {}) for row in data["by_length"] if name in row]
@@ -261,6 +263,13 @@ class LongContextResult(_Section):
                 how = {"worse": "worse than", "level": "level with", "better": "better than"}[outcome]
                 lines.append((outcome, f"the student is {how} the {self.reference_label(name)} {where}"))
         return lines
+
+    def margin_note(self) -> str:
+        """How the verdicts tell a difference from noise, in one sentence."""
+        if self.margins == "fixed":
+            return (f"A difference within {UNMEASURED_MARGIN:.1%} of perplexity is called level (this evaluation "
+                    "predates the measured noise margin).")
+        return "A difference within twice its standard error on these sequences is called level."
 
     def length_table(self) -> tuple[list[str], list[list]]:
         """Quality by context length: the column names (length, teacher ppl, student, each

@@ -114,7 +114,7 @@ def _long_context(section: LongContextResult | None) -> list[str]:
                                              "-" if equal is None else f"{equal:,.0f}"]
                                             for length, *ratios, verdict, equal in rows]), ""]
     lines += [f"- **{text}**" if outcome == "worse" else f"- {text}" for outcome, text in section.verdict_lines()]
-    lines.append("- A difference within twice its standard error on these sequences is called level.")
+    lines.append(f"- {section.margin_note()}")
     return [*lines, ""]
 
 

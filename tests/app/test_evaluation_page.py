@@ -217,6 +217,7 @@ def test_an_evaluation_stored_before_the_frontier_shows_its_verdicts_without_one
     assert [e.value for e in at.error] == [f"The student is worse than the untrained {MATCHED_LABEL} at 1024, 4096 "
                                            "tokens."]
     assert any(c.value.startswith("No frontier: this evaluation was made before the frontier") for c in at.caption)
+    assert any("A difference within 0.5% of perplexity is called level" in c.value for c in at.caption)
     assert [a["text"] for a in figure(at, "Passkey")["layout"]["annotations"]] == ["teacher", "student", WINDOW_LABEL]
 
 

@@ -63,6 +63,7 @@ def test_card_has_quality_by_context_length_and_the_verdicts(tmp_path):
     assert f"- the student is better than the untrained {WINDOW_LABEL} at every length\n" in part
     assert f"- **the student is worse than the untrained {MATCHED_LABEL} at 4096 tokens**\n" in part
     assert f"- the student is level with the untrained {MATCHED_LABEL} at 256, 1024 tokens\n" in part
+    assert "- A difference within twice its standard error on these sequences is called level.\n" in part
     frontier = part[part.index("### Against the training-free frontier"):]
     assert "the student holds 502,272 bytes per layer" in frontier
     assert ("| length | student (490 KiB) | window 32 + 4 (54 KiB) | window 128 + 4 (198 KiB) | "
@@ -79,6 +80,7 @@ def test_card_of_a_report_written_before_the_verdicts_were_data(tmp_path):
     assert "| 4096 | 6.000 | 1.180 | 1.450 | 1.020 | 80% |" in part
     assert f"- **the student is worse than the untrained {MATCHED_LABEL} at 1024, 4096 tokens**\n" in part
     assert "frontier" not in part and "WORSE" not in part
+    assert "- A difference within 0.5% of perplexity is called level (this evaluation predates" in part
 
 
 @pytest.mark.parametrize("long_context", ["absent", None], ids=["older-report", "nothing-converted"])
