@@ -73,10 +73,10 @@ def long_context_tables(section: LongContextResult) -> list[Table]:
     key = section.passkey
     if key:
         models = section.passkey_models()
-        grid = _table(f"passkey accuracy, {key.trials} {'key' if key.trials == 1 else 'keys'} a cell "
-                      f"(length x depth of the key in the prompt): {' / '.join(t for _, t in models)}",
+        grid = _table(f"passkey keys found of {key.trials} a cell (length x depth of the key in the prompt): "
+                      f"{' / '.join(t for _, t in models)}",
                       ["length \\ depth", *(f"{d:g}" for d in key.depths)],
-                      [[str(n), *(" / ".join(f"{key.accuracy[m][i][j]:.0%}" for m, _ in models)
+                      [[str(n), *(" / ".join(str(round(key.accuracy[m][i][j] * key.trials)) for m, _ in models)
                                   for j in range(len(key.depths)))] for i, n in enumerate(key.lengths)])
         tables.append(grid)
     return tables
