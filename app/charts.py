@@ -495,31 +495,6 @@ def position_ratios(section: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def passkey_heatmaps(passkey: dict[str, Any], window_label: str) -> go.Figure:
-    """The passkey grid (``long_context.passkey``, like the paper's Fig. 10): teacher, student and
-    the student-window baseline (``window_label``) side by side; x the depth of the key in the
-    prompt, y the prompt length, colour the accuracy on one 0..1 scale, written in each cell."""
-    models = [("teacher", "teacher"), ("student", "student"), ("window", window_label)]
-    depths = [f"{d:g}" for d in passkey["depths"]]
-    lengths = [str(n) for n in passkey["lengths"]]
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[title for _, title in models], horizontal_spacing=0.06)
-    for col, (key, title) in enumerate(models, start=1):
-        z = passkey["accuracy"][key]
-        fig.add_trace(go.Heatmap(
-            z=z, x=depths, y=lengths, coloraxis="coloraxis", text=[[f"{v:.0%}" for v in row] for row in z],
-            texttemplate="%{text}", name=title,
-            hovertemplate="length %{y}<br>depth %{x}<br>accuracy %{z:.0%}<extra>" + title + "</extra>"),
-            row=1, col=col)
-    fig.update_xaxes(title_text="depth of the key", type="category")
-    fig.update_yaxes(type="category")
-    fig.update_yaxes(title_text="prompt length (tokens)", row=1, col=1)
-    fig.update_layout(title=f"Passkey retrieval ({passkey['trials']} keys a cell)", template=TEMPLATE,
-                      height=max(320, 160 + 60 * len(lengths)), margin={"t": 80, "b": 40},
-                      coloraxis={"colorscale": "Viridis", "cmin": 0.0, "cmax": 1.0,
-                                 "colorbar": {"title": {"text": "accuracy"}}})
-    return fig
-
-
 # ----------------------------------------------------------------------------------------------
 # Layers over training
 # ----------------------------------------------------------------------------------------------

@@ -23,17 +23,16 @@ from app.charts import RATIO_FORMAT
 from app.navigation import page
 from app.progress import PACE_METRICS, estimate_seconds, overall_progress, pace, seconds_per_unit
 from core.config import PRESET_DESCRIPTIONS, preset
+from core.eval.long_context_result import WINDOW, LongContextResult, read_long_context
 from core.io import read_json_object
 from core.run_folder import CONFIG_FILE, EXPORT_CONFIG, REPORT_FILE, STAGE_LABELS, is_export, is_run
 from core.workspace import workspace_root
 from jobs import api
 from jobs.db import open_db
 from jobs.errors import JobsError
+from jobs.kinds import BENCHMARK, CONVERT, EXPORT  # noqa: F401 - the kinds the pages name as common.CONVERT, ...
 from jobs.records import JobInfo, MetricPoint
 
-CONVERT = "convert"  # job kind of a conversion (core.pipeline.convert.run_convert)
-EXPORT = "export"  # job kind of an export (jobs.kinds.run_export_job)
-BENCHMARK = "benchmark"  # job kind of a throughput benchmark (core.bench.run_benchmark)
 DEMO_PRESET = "cpu-demo"  # the conversion the empty states offer to launch
 ACTIVE = ("queued", "running")
 REFRESH_S = 2.0  # auto-refresh period of live views
@@ -381,24 +380,20 @@ def report(job: JobInfo) -> dict | None:
     return read_json_object(job.run_dir / REPORT_FILE if job.run_dir else None)
 
 
-def long_context(result: dict | None) -> dict | None:
-    """The ``long_context`` section of a report or ``eval.json`` (:mod:`core.eval.long_context`), or
-    None when it is absent (older reports), null (nothing converted) or has no length evaluated."""
-    section = (result or {}).get("long_context")
-    return section if isinstance(section, dict) and section.get("by_length") else None
+def long_context(result: dict | None) -> LongContextResult | None:
+    """The typed ``long_context`` section of a report or ``eval.json`` (:mod:`core.eval.long_context_result`),
+    or None when it is absent (older reports), null (nothing converted) or has no length evaluated."""
+    return read_long_context(result)
 
 
-def verdicts(section: dict) -> dict[str, str]:
-    """Baseline name -> its verdict sentence (the section lists one per baseline, in the order of
-    ``baselines``); a sentence with ``WORSE`` means the untrained baseline beat the student."""
-    return dict(zip(section.get("baselines", {}), section.get("verdict", [])))
-
-
-def window_worse(section: dict) -> str | None:
-    """The verdict sentence when the student is worse than the student-window baseline (the
-    teacher's softmax over the student's own window and sinks, untrained) at some length, else None."""
-    line = verdicts(section).get("window")
-    return line if line and "WORSE" in line else None
+def window_worse(section: LongContextResult) -> str | None:
+    """The verdict when the student is worse, beyond the noise, than the student-window baseline
+    (the teacher's softmax over the student's own window and sinks, untrained) at some length, else None."""
+    worse = section.worse_than(WINDOW)
+    if not worse or WINDOW not in section.baselines:
+        return None
+    return (f"the student is worse than the {section.reference_label(WINDOW)} at "
+            f"{', '.join(map(str, worse))} tokens")
 
 
 def ratio_headline(result: dict, seq_len: int | None) -> str:
@@ -409,11 +404,11 @@ def ratio_headline(result: dict, seq_len: int | None) -> str:
     section = long_context(result)
     if section is None:
         return text
-    longest = section["by_length"][-1]
-    text += f" · {fmt_ratio(longest['student']['ratio'])} at {longest['length']}"
-    window = section.get("baselines", {}).get("window")
-    if window and "window" in longest:
-        text += f" (window {window['window']}+{window['sinks']}: {fmt_ratio(longest['window']['ratio'])})"
+    longest = section.by_length[-1]
+    text += f" · {fmt_ratio(longest.scores['student'].ratio)} at {longest.length}"
+    window = section.baselines.get(WINDOW)
+    if window and WINDOW in longest.scores:
+        text += f" (window {window.window}+{window.sinks}: {fmt_ratio(longest.scores[WINDOW].ratio)})"
     return text
 
 
@@ -454,7 +449,7 @@ class LoadedModel:
 
 @st.cache_resource(show_spinner="Loading the converted model (once per workbench process)...", max_entries=2)
 def _load(run_dir: str, stamp: float, root: str, dtype: str | None = None) -> LoadedModel:
-    from core.pipeline.runs import load_converted
+    from core.load import load_converted
 
     model, tokenizer, info = load_converted(run_dir, workspace=root, dtype=dtype)
     return LoadedModel(model, tokenizer, info, threading.Lock())

@@ -25,6 +25,7 @@ from core.config import (
     validation_problems,
 )
 from core.data.preflight import DataSourceError
+from core.lists import comma_ints
 from core.models import ModelFitError
 from core.pipeline.preflight import check_conversion
 
@@ -131,9 +132,8 @@ def _layers(text: str, problems: list[tuple[str, str]]) -> list[int] | str | Non
     """``"auto"`` (any case), the comma-separated layer numbers, or None with a problem."""
     if is_auto(text):
         return AUTO
-    parts = [p for p in str(text).replace(";", ",").replace(" ", ",").split(",") if p]
     try:
-        return [int(p) for p in parts]
+        return comma_ints(text)
     except ValueError:
         problems.append(("attention.softmax_layers",
                          f"must be {AUTO} alone, or layer numbers separated by commas such as 0, 15; got {text!r}"))

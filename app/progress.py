@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from core.pipeline.phases import Phase, conversion_phases, unlisted_phases
+from jobs.kinds import CONVERT
 from jobs.records import JobInfo, MetricPoint
 
 PACE_METRICS = ("loss", "nll")  # one row per step of a training or an evaluation stage
@@ -59,7 +60,7 @@ def _done(phases: list[Phase], job: JobInfo) -> list[float]:
 def overall_progress(job: JobInfo, points: list[MetricPoint], now: datetime) -> Overall | None:
     """Overall progress of a running conversion (``points``: its metric rows of
     :data:`PACE_METRICS`; ``now``: naive UTC); None for another job or state."""
-    if job.kind != "convert" or job.status != "running":
+    if job.kind != CONVERT or job.status != "running":
         return None
     phases = conversion_phases(job.config)
     done = _done(phases, job)

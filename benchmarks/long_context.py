@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # ahead of benchmarks/, whose kernels.py would shadow the kernels package
 
+from core.eval.long_context_result import LongContextResult  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 JSON_OUT = RESULTS / "long-context-cpu.json"
 MD_OUT = RESULTS / "long-context-cpu.md"
@@ -103,7 +105,9 @@ def render(results: dict) -> str:
            "is listed with it. Ratios are perplexity over the teacher's on held-out contiguous text (the bundled KJV",
            "sample; the conversions train on GSM8K), 2 sequences of 4096 tokens, each length reading their prefix.",
            "`window` is the teacher's own softmax over the student's window plus its sinks, untrained;",
-           "`memory` the same with the window whose key/value bytes equal the student's state.", ""]
+           "`memory` the same with the window whose key/value bytes equal the student's state. A verdict calls a",
+           "difference level within its margin: twice its paired standard error where the report measured it, a",
+           "fixed 0.5 % of perplexity for the reports recorded before that.", ""]
     lengths = sorted({row["length"] for item in results.values() for row in item["long_context"]["by_length"]})
     out += ["| variant | " + " | ".join(f"student at {n}" for n in lengths) + " | window at the longest | wall |",
             "|---|" + "---:|" * (len(lengths) + 2)]
@@ -130,7 +134,7 @@ def render(results: dict) -> str:
         for row in lc["by_position"]:
             out.append(f"| {row['start']}-{row['end']} | {row['student']:.3f} | {row['window']:.3f} | "
                        f"{row['memory_matched']:.3f} |")
-        out += [""] + [f"- {line}" for line in lc["verdict"]] + [""]
+        out += [""] + [f"- {line}" for _, line in LongContextResult.model_validate(lc).verdict_lines()] + [""]
     return "\n".join(out)
 
 

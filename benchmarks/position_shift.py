@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from core.eval.long_context import held_out_sequences
 from core.eval.metrics import teacher_context
-from core.pipeline.runs import load_converted
+from core.load import load_converted
 
 
 @torch.no_grad()

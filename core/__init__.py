@@ -17,7 +17,7 @@ _EXPORTS = {
     "core.config": ["AttentionSpec", "SUPPORTED_ARCHITECTURES"],
     "core.attention.surgery": ["UnsupportedModelError", "linearize", "lolcats_modules"],
     "core.attention.layer": ["teacher_attention"],
-    "core.pipeline.runs": ["load_converted"],
+    "core.load": ["load_converted"],
     "core.export.folder": ["export"],
     "core.models": ["load_model"],
     "core.pipeline.convert": ["run_convert"],

@@ -14,6 +14,11 @@ from pathlib import Path
 
 CONFIG_FILE = "config.json"
 REPORT_FILE = "report.json"
+TEACHER_FILE = "teacher.json"  # the teacher's held-out perplexity, measured once before converting
+TASK_CACHE_DIR = "tasks"  # finished tasks' results (tasks/<task>.json), kept so that a resumed run skips them
+CHOICE_FILE = "softmax_choice.json"  # the layers `softmax_layers: auto` kept softmax (core.pipeline.softmax_choice)
+EVAL_FILE = "eval.json"  # `lolcats eval`'s report on a run folder or an export
+TASKS_FILE = "tasks.json"  # `lolcats eval --tasks`'s report
 EXPORT_CONFIG = "lolcats.json"
 
 # progress stages (core.progress.ProgressCallback.on_step) in the order a conversion runs them, with
@@ -58,6 +63,7 @@ def is_export(path: str | os.PathLike) -> bool:
     return (Path(path) / EXPORT_CONFIG).is_file()
 
 
-__all__ = ["BENCH", "CONFIG_FILE", "EXPORT_CONFIG", "LONG_CONTEXT", "LONG_CONTEXT_PASSKEY", "REPORT_FILE",
+__all__ = ["BENCH", "CHOICE_FILE", "CONFIG_FILE", "EVAL_FILE", "EXPORT_CONFIG", "LONG_CONTEXT", "LONG_CONTEXT_PASSKEY", "REPORT_FILE",
+           "TASKS_FILE", "TASK_CACHE_DIR", "TEACHER_FILE",
            "RunFolderGoneError", "STAGE1", "STAGE2", "STAGE_DIRS", "STAGE_LABELS", "STUDENT_EVAL", "STUDENT_TASKS",
            "STUDENT_VAL", "TEACHER_EVAL", "TEACHER_TASKS", "check_intact", "is_export", "is_run"]

@@ -35,7 +35,7 @@ from core.config import apply_overrides, deep_merge, read_yaml_mapping
 from core.config.loading import PRESET_KEY, base_preset
 from jobs import api
 from jobs.errors import ConfigError, JobsError
-from jobs.kinds import KINDS, get_preset
+from jobs.kinds import JOB_KINDS, get_preset
 
 console = Console()
 
@@ -76,7 +76,7 @@ def _job_kind(option: str | None, from_file: str | None, from_preset: str | None
     kind = given or from_preset
     if kind is None:
         raise ConfigError("job", [("kind", f"missing: add `kind:` to {config_file} or pass --kind "
-                                           f"({', '.join(sorted(KINDS))})")])
+                                           f"({', '.join(sorted(JOB_KINDS))})")])
     return kind
 
 
@@ -85,7 +85,7 @@ def _job_kind(option: str | None, from_file: str | None, from_preset: str | None
 def submit(
     config_file: Optional[Path] = typer.Argument(None, help="YAML config file (may name its base `preset:`)."),
     preset: Optional[str] = typer.Option(None, "--preset", help=PRESET_HELP),
-    kind: Optional[str] = typer.Option(None, "--kind", help=f"Job kind ({', '.join(sorted(KINDS))})."),
+    kind: Optional[str] = typer.Option(None, "--kind", help=f"Job kind ({', '.join(sorted(JOB_KINDS))})."),
     name: Optional[str] = typer.Option(None, "--name", help="Run name (a label; must stay inside the workspace)."),
     priority: Optional[int] = typer.Option(None, "--priority", help="Higher runs first (default 0)."),
     sets: list[str] = typer.Option([], "--set", help=SET_HELP),

@@ -33,9 +33,10 @@ from typing import Annotated, Any, Callable, Literal
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
-from core.config import PRESET_DESCRIPTIONS, LongContextSpec
+from core.config import PRESET_DESCRIPTIONS, LongContextSpec, evaluation_overrides
 from core.config import PRESETS as CONVERT_PRESETS
-from core.run_folder import EXPORT_CONFIG, REPORT_FILE, is_export, is_run
+from core.lists import comma_ints
+from core.run_folder import EXPORT_CONFIG, REPORT_FILE, TASK_CACHE_DIR, is_export, is_run
 from core.workspace import safe_child
 from jobs.errors import ConfigError, UnknownKind
 
@@ -121,21 +122,24 @@ def _problems(exc: ValidationError) -> list[tuple[str, str]]:
     return problems
 
 
-KINDS: dict[str, JobKind] = {}
+JOB_KINDS: dict[str, JobKind] = {}
+
+# the names of the kinds shipped below, for the pages and commands that submit or list them
+SELFTEST, CONVERT, BENCHMARK, EVALUATE, EXPORT, BUDGETS = "selftest", "convert", "benchmark", "evaluate", "export", "budgets"
 
 
 def register_kind(kind: JobKind, *, replace: bool = False) -> JobKind:
-    if kind.name in KINDS and not replace:
+    if kind.name in JOB_KINDS and not replace:
         raise ValueError(f"job kind {kind.name!r} is already registered")
-    KINDS[kind.name] = kind
+    JOB_KINDS[kind.name] = kind
     return kind
 
 
 def get_kind(name: str) -> JobKind:
     try:
-        return KINDS[name]
+        return JOB_KINDS[name]
     except KeyError:
-        raise UnknownKind(f"unknown job kind {name!r}; valid kinds: {', '.join(sorted(KINDS))}") from None
+        raise UnknownKind(f"unknown job kind {name!r}; valid kinds: {', '.join(sorted(JOB_KINDS))}") from None
 
 
 @dataclass(frozen=True)
@@ -162,16 +166,16 @@ def get_preset(name: str) -> Preset:
 
 # --- kinds shipped with the job system ---------------------------------------------------------
 register_kind(JobKind(
-    name="selftest",
+    name=SELFTEST,
     config_model="jobs.selftest:SelftestConfig",
     run="jobs.selftest:run_selftest",
     description="A tiny deterministic job that exercises checkpoints, metrics, failures and cancel.",
     resume_safe=frozenset({"step_seconds", "fail_at_step", "nan_at_step", "oom_at_step", "spawn_grandchild",
                            "ignore_stop", "ignore_sigterm", "output_path"}),
 ))
-register_preset("selftest-quick", "selftest", {"steps": 5, "step_seconds": 0.05},
+register_preset("selftest-quick", SELFTEST, {"steps": 5, "step_seconds": 0.05},
                 "5 fast steps: checks that a worker runs jobs end to end")
-register_preset("selftest-slow", "selftest", {"steps": 60, "step_seconds": 1.0},
+register_preset("selftest-slow", SELFTEST, {"steps": 60, "step_seconds": 1.0},
                 "one minute of steps: try cancel and resume by hand")
 
 
@@ -183,7 +187,7 @@ def run_convert_job(config, run_dir: Path, progress) -> dict:
 
 
 register_kind(JobKind(
-    name="convert",
+    name=CONVERT,
     config_model="core.config:ConvertConfig",
     run=run_convert_job,
     check="core.pipeline.preflight:check_conversion",  # config.json and the data's first rows: no torch at submit
@@ -194,7 +198,7 @@ register_kind(JobKind(
 def _register_convert_presets() -> None:
     """The conversion presets of core.config, with their one-line descriptions."""
     for name, config in CONVERT_PRESETS.items():
-        register_preset(name, "convert", config, PRESET_DESCRIPTIONS[name])
+        register_preset(name, CONVERT, config, PRESET_DESCRIPTIONS[name])
 
 
 _register_convert_presets()
@@ -211,13 +215,13 @@ def run_benchmark_job(config, run_dir: Path, progress) -> dict:
 
 
 register_kind(JobKind(
-    name="benchmark",
+    name=BENCHMARK,
     config_model="core.bench:BenchConfig",
     run=run_benchmark_job,
     description="Throughput and memory, teacher vs converted student, over batch size and context length.",
     resume_safe=frozenset({"threads", "warmup"}),
 ))
-register_preset("bench-cpu", "benchmark", {"batch_sizes": [1, 4], "prompt_lengths": [256, 1024], "gen_lengths": [8],
+register_preset("bench-cpu", BENCHMARK, {"batch_sizes": [1, 4], "prompt_lengths": [256, 1024], "gen_lengths": [8],
                                            "threads": 1},
                 "a few minutes on CPU: batch 1-4, context 256-1024")
 
@@ -233,10 +237,11 @@ class EvaluateConfig(BaseModel):
     num_fewshot: int | None = Field(None, ge=0)  # None: each task's own count
     limit: int | None = Field(None, ge=1)  # at most this many items per task
     batch_size: int = Field(1, ge=1)
-    # quality by context length against the untrained sliding-window baselines (core.eval.long_context):
-    # token counts ("256,1024" is read as a list), "auto" (up to 8x the training length), or None: not run
+    # the run's evaluation step with quality by context length against the untrained window baselines and
+    # the frontier (core.eval.long_context): token counts ("256,1024" is read as a list), "auto" (up to 8x
+    # the training length), or None: not run
     lengths: list[int] | Literal["auto"] | None = None
-    sequences: int = Field(2, ge=1)  # held-out sequences of the longest length
+    sequences: int | None = Field(None, ge=1)  # held-out sequences of the longest length (None: the run's)
 
     @field_validator("lengths", mode="before")
     @classmethod
@@ -245,17 +250,15 @@ class EvaluateConfig(BaseModel):
         if value is None:
             return None
         if isinstance(value, str) and value.strip() != "auto":
-            try:
-                value = [int(part) for part in value.split(",") if part.strip()]
-            except ValueError:
-                raise ValueError(f"lengths takes 'auto' or token counts separated by commas, got {value!r}") from None
+            value = comma_ints(value, "lengths")
         try:
             return LongContextSpec(lengths=value).lengths
         except ValidationError as exc:
             raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
 
-    def long_context(self) -> LongContextSpec:
-        return LongContextSpec(lengths=self.lengths, sequences=self.sequences)
+    def overrides(self) -> list[str]:
+        """The run's eval settings this job changes, as dotted overrides (core.config.evaluation_overrides)."""
+        return evaluation_overrides(lengths=self.lengths, sequences=self.sequences)
 
 
 
@@ -285,27 +288,28 @@ def check_evaluate(config: EvaluateConfig, workspace: Path | None) -> None:
 def run_evaluate_job(config: EvaluateConfig, run_dir: Path, progress) -> dict:
     """The ``evaluate`` kind (report.json), on the model loaded once: with ``tasks``, teacher and
     student on them (each finished task is kept in ``run_dir/tasks`` and a resumed job skips it);
-    with ``lengths``, the report's ``long_context`` section (core.eval.long_context) on the bundled
-    held-out text, ``"auto"`` lengths relative to the run's training length ``data.seq_len``."""
+    with ``lengths``, the run's own evaluation step with this job's fields as overrides of its eval
+    settings (core.pipeline.convert.evaluate_again, as ``lolcats eval`` runs it): the same held-out
+    text and rules as the conversion, its figures at the report's top level and its ``long_context``
+    section, ``"auto"`` lengths relative to the run's training length ``data.seq_len``."""
     from core.eval.harness import evaluate_tasks  # torch and lm-eval load here, in the job process only
-    from core.eval.long_context import long_context_report
-    from core.pipeline.runs import load_converted
+    from core.export.teacher import teacher_problem
+    from core.pipeline.convert import evaluate_again
+    from core.load import load_converted
 
     run = Path.cwd() / config.run
     model, tokenizer, info = loaded = load_converted(run, workspace=Path.cwd())
     report = {} if config.tasks is None else evaluate_tasks(
         run, config.tasks, num_fewshot=config.num_fewshot, limit=config.limit, batch_size=config.batch_size,
-        progress=progress, workspace=Path.cwd(), cache_dir=run_dir / "tasks", loaded=loaded)
+        progress=progress, workspace=Path.cwd(), cache_dir=run_dir / TASK_CACHE_DIR, loaded=loaded)
     if config.lengths is not None:
-        trained = info["config"]  # the run's conversion config (an export keeps its run's)
-        report["long_context"] = long_context_report(model, tokenizer, config.long_context(),
-                                                     trained["data"]["seq_len"], seed=trained.get("seed", 0),
-                                                     progress=progress)
+        report.update(evaluate_again(model, tokenizer, info["config"], config.overrides(), progress,
+                                     teacher_unavailable=teacher_problem(model)))
     return report
 
 
 register_kind(JobKind(
-    name="evaluate",
+    name=EVALUATE,
     config_model=EvaluateConfig,
     run=run_evaluate_job,
     check=check_evaluate,
@@ -385,7 +389,7 @@ def load_snippet(folder: str) -> str:
 
 
 register_kind(JobKind(
-    name="export",
+    name=EXPORT,
     config_model=ExportConfig,
     run=run_export_job,
     check=check_export,
@@ -402,11 +406,11 @@ def run_budgets_job(config, run_dir: Path, progress) -> dict:
 
 
 register_kind(JobKind(
-    name="budgets",
+    name=BUDGETS,
     config_model="core.pipeline.budget_spec:BudgetSweepConfig",
     run=run_budgets_job,
     check="core.pipeline.budget_spec:check_sweep_fit",
     description="Quality vs decode cost with 0, 1, 2, ... layers kept softmax, from one attention transfer.",
 ))
-register_preset("budgets-cpu-demo", "budgets", {"base": CONVERT_PRESETS["cpu-demo"], "budgets": [0, 1, 2, 4, 8]},
+register_preset("budgets-cpu-demo", BUDGETS, {"base": CONVERT_PRESETS["cpu-demo"], "budgets": [0, 1, 2, 4, 8]},
                 "cpu-demo with 0, 1, 2, 4 and 8 layers kept softmax: quality vs decode cost")

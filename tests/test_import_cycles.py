@@ -85,3 +85,17 @@ def test_only_the_command_lines_import_core_cli():
                        if name.startswith("core.") and name != "core.cli" and not name.startswith("core.cli.")
                        and any(m == "core.cli" or m.startswith("core.cli.") for m in imported(name, path, modules)))
     assert not offenders, offenders
+
+
+FLOORS_BELOW_THE_PIPELINE = ("core.attention", "core.bench", "core.config", "core.data", "core.eval", "core.export",
+                             "core.load", "core.models", "core.train")
+
+
+def test_what_stands_below_the_pipeline_never_imports_it():
+    """Evaluation, export and the benchmark load what a run made through ``core.load``, beside them;
+    ``core.pipeline`` (the conversion run, which uses them all) is a floor above."""
+    modules = project_modules()
+    offenders = sorted(f"{name} -> {m}" for name, path in modules.items()
+                       if any(name == floor or name.startswith(floor + ".") for floor in FLOORS_BELOW_THE_PIPELINE)
+                       for m in imported(name, path, modules) if m == "core.pipeline" or m.startswith("core.pipeline."))
+    assert not offenders, offenders

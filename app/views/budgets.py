@@ -10,11 +10,14 @@ import streamlit as st
 
 from app import charts, common
 from core.config import PRESETS, preset
+from core.lists import comma_ints
+from core.pipeline.budget_spec import BudgetSweepConfig
 from core.pipeline.budget_table import score_name, tradeoff_figure
+from jobs.kinds import BUDGETS
 from jobs.records import JobInfo
 
-BUDGETS = "budgets"  # job kind of a softmax-budget sweep
-DEFAULT_BUDGETS = "0, 1, 2, 4, 8"
+_DEFAULTS = BudgetSweepConfig.model_fields
+DEFAULT_BUDGETS = ", ".join(map(str, _DEFAULTS["budgets"].get_default(call_default_factory=True)))
 
 
 def _launch_form(expanded: bool) -> None:
@@ -28,10 +31,11 @@ def _launch_form(expanded: bool) -> None:
                             key="budgets_preset")
         text = c2.text_input("Budgets", DEFAULT_BUDGETS, key="budgets_values",
                              help="numbers of layers kept softmax, separated by commas")
-        context = c3.number_input("Context for cost", min_value=1, value=4096, step=1024, key="budgets_context")
+        context = c3.number_input("Context for cost", min_value=1, value=_DEFAULTS["context"].default, step=1024,
+                                   key="budgets_context")
         if st.button("Queue the sweep", type="primary", key="budgets_submit", icon=":material/play_arrow:"):
             try:
-                values = [int(p) for p in text.replace(";", ",").split(",") if p.strip()]
+                values = comma_ints(text)
             except ValueError:
                 st.error(f"Budgets must be whole numbers separated by commas, such as {DEFAULT_BUDGETS}; got {text!r}.")
                 return

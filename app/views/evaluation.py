@@ -1,6 +1,7 @@
 """Evaluation: task accuracy of teacher and student (lm-evaluation-harness), per task with error
 bars, the retention ratio student / teacher, and several runs side by side; and quality by context
-length of one conversion against the untrained sliding-window baselines (core.eval.long_context).
+length of one conversion against the untrained sliding-window baselines and the training-free
+frontier (core.eval.long_context).
 Task results come from evaluate jobs' reports and from conversions whose config asked for tasks
 (report.json ``tasks``); long-context sections from evaluate jobs on the run, ``lolcats eval``'s
 eval.json and the conversion's report.json. A form queues an evaluation of a finished conversion
@@ -11,13 +12,13 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, common
-from core.cli.evaluate import EVAL_FILE
-from core.export.card import length_table
+from app import charts, common, long_context_charts
+from core.eval.long_context_result import LongContextResult
 from core.io import read_json_object
+from core.run_folder import EVAL_FILE
+from jobs.kinds import EVALUATE
 from jobs.records import JobInfo
 
-EVALUATE = "evaluate"  # job kind of an evaluation (jobs.kinds.run_evaluate_job)
 DEFAULT_LIMIT = 20  # items per task the form proposes (0: every item)
 LENGTHS_HINT = "256,1024,2048,4096"  # the context lengths the empty state suggests
 
@@ -43,7 +44,8 @@ def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
                    "through lm-evaluation-harness on the same items, in the background like a conversion. "
                    "`offline` is the bundled task set (no network); `paper` is the LoLCATs suite (PiQA, ARC, "
                    "HellaSwag, Winogrande, MMLU 5-shot), which downloads its data sets from the hub. Context "
-                   "lengths add quality by context length against the untrained sliding-window baselines.")
+                   "lengths add the conversion's own evaluation (its held-out text and settings) with quality by "
+                   "context length against the untrained sliding-window baselines and the frontier.")
         by_key = {c.key: c for c in conversions}
         chosen = st.selectbox("Conversion", list(by_key), key="eval_conversion", format_func=lambda k: by_key[k].label)
         c1, c2, c3 = st.columns([2, 1, 2])
@@ -52,7 +54,8 @@ def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
                                    "accuracy.")
         limit = c2.number_input("Items per task (0: all)", min_value=0, value=DEFAULT_LIMIT, key="eval_limit")
         lengths = c3.text_input("Context lengths", "", key="eval_lengths", placeholder=LENGTHS_HINT,
-                                help="Quality by context length against the untrained sliding-window baselines: "
+                                help="Quality by context length against the untrained sliding-window baselines and "
+                                     "the frontier: "
                                      "token counts separated by commas, or `auto` (up to 8x the training length); "
                                      "empty: none.")
         if st.button("Evaluate", type="primary", key="eval_submit", icon=":material/play_arrow:"):
@@ -110,7 +113,7 @@ def _compare(sources: list[tuple[JobInfo, dict[str, dict]]]) -> None:
                  column_config={"retention": st.column_config.NumberColumn(format=f"%{charts.RATIO_FORMAT}")})
 
 
-def _long_context_sources(job: common.Conversion) -> list[tuple[str, dict]]:
+def _long_context_sources(job: common.Conversion) -> list[tuple[str, LongContextResult]]:
     """``(where from, section)`` of every long-context evaluation of conversion ``job``: evaluate jobs
     on its run folder (newest first), then ``lolcats eval``'s eval.json, then its own report.json."""
     here = job.run_dir.resolve()
@@ -122,9 +125,47 @@ def _long_context_sources(job: common.Conversion) -> list[tuple[str, dict]]:
     return [(where, section) for where, section in found if section]
 
 
+_VERDICT_BOXES = {"worse": st.error, "level": st.info, "better": st.success}
+
+
+def _frontier(section: LongContextResult, job: common.Conversion, conversions: list[common.Conversion]) -> None:
+    """The frontier chart at a chosen length, with the other conversions' latest evaluations as
+    points, and the frontier table by length."""
+    lengths = long_context_charts.frontier_lengths(section)
+    if not lengths:
+        st.caption("No frontier: this evaluation was made before the frontier was measured; evaluate the conversion "
+                   "again to draw it.")
+        return
+    length = st.select_slider("Length for the frontier (tokens)", lengths, value=lengths[-1], key="frontier_length")
+    others = [(c.label, found[0][1]) for c in conversions if c.key != job.key
+              and (found := _long_context_sources(c))]
+    st.plotly_chart(long_context_charts.frontier_chart(section, length, others), key="long_frontier")
+    header, rows = section.frontier_table()
+    st.caption("The curve is the teacher's own softmax over sliding windows of several sizes plus the sinks, "
+               "untrained, each at the bytes its key/value cache holds per layer; the conversion sits at the bytes "
+               "its decode state holds per layer. Below the curve at its own bytes (read between the two nearest "
+               "windows, linearly in log bytes and log ratio), it is worth its memory; the last column is the "
+               "bytes a window needs for the conversion's quality.")
+    st.dataframe(pd.DataFrame(rows, columns=header), hide_index=True, width="stretch",
+                 column_config={**{name: st.column_config.NumberColumn(format="%.3f") for name in header[1:-2]},
+                                header[-1]: st.column_config.NumberColumn(format="%.0f")})
+
+
+def _passkey(section: LongContextResult) -> None:
+    key = section.passkey
+    st.plotly_chart(long_context_charts.passkey_grid(section), key="long_passkey")
+    hits = max(key.trials // 2, 1)  # an example count to show the interval of
+    lo, hi = key.interval(hits / key.trials)
+    keys = "one key" if key.trials == 1 else f"{key.trials} keys"
+    st.caption(f"Each cell hides {keys} at a depth (0: the prompt's start, 1: its end) in filler text of the row's "
+               f"length and counts a key found when greedy decoding writes it whole. With {keys} a cell the "
+               f"counts are coarse: {hits}/{key.trials} found means 95 % between {lo:.0%} and {hi:.0%} (hover a "
+               "cell for its interval).")
+
+
 def _long_context(conversions: list[common.Conversion]) -> None:
-    """Quality by context length of one conversion: ratio by position (chart) and by length (table),
-    the verdict against each baseline, and the passkey grid."""
+    """Quality by context length of one conversion: the verdicts, the frontier (chart and table),
+    the ratio by position (chart) and by length (table), and the passkey grid."""
     st.subheader("Long context")
     job = common.conversion_picker(conversions, key="long_conversion")
     sources = _long_context_sources(job)
@@ -137,27 +178,27 @@ def _long_context(conversions: list[common.Conversion]) -> None:
     where = sources[0][0] if len(sources) == 1 else st.selectbox("Long-context evaluation", list(by_where),
                                                                  key="long_source")
     section = by_where[where]
-    dropped = section.get("dropped_lengths")
-    st.caption(f"From {where}: {section['text']}, {section['sequences']} held-out sequence(s), trained on "
-               f"{section['train_seq_len']}-token blocks. Ratios are perplexity over the teacher's (lower is better, "
+    dropped = section.dropped_lengths
+    st.caption(f"From {where}: {section.text}, {section.sequences} held-out sequence(s), trained on "
+               f"{section.train_seq_len}-token blocks. Ratios are perplexity over the teacher's (lower is better, "
                "1.000 = as good as the teacher); the baselines are the teacher's own softmax over a window of "
-               "recent keys plus sink tokens, untrained." + (f" Left out for time: {', '.join(map(str, dropped))} tokens."
-                                                if dropped else ""))
-    for line in section.get("verdict", []):
-        (st.error if "WORSE" in line else st.success)(f"{line[:1].upper()}{line[1:]}.")
-    buckets = section["by_position"]
+               f"recent keys plus sink tokens, untrained. {section.margin_note()}"
+               + (f" Left out for time: {', '.join(map(str, dropped))} tokens." if dropped else ""))
+    for outcome, line in section.verdict_lines():
+        _VERDICT_BOXES[outcome](f"{line[:1].upper()}{line[1:]}.")
+    _frontier(section, job, conversions)
+    buckets = section.by_position
     if len(buckets) > 1:
-        st.plotly_chart(charts.position_ratios(section), key="long_positions")
+        st.plotly_chart(charts.position_ratios(section.model_dump()), key="long_positions")
     elif buckets:
-        st.caption(f"No chart by position: every evaluated position ({buckets[0]['start']}-{buckets[0]['end']}) falls "
+        st.caption(f"No chart by position: every evaluated position ({buckets[0].start}-{buckets[0].end}) falls "
                    "in one bucket of the chart, which needs two or more; the table below has the ratios.")
-    header, rows = length_table(section)
+    header, rows = section.length_table()
     st.dataframe(pd.DataFrame(rows, columns=header), hide_index=True, width="stretch",
                  column_config={**{name: st.column_config.NumberColumn(format="%.3f") for name in header[1:-1]},
                                 "top-1 agreement": st.column_config.NumberColumn(format="percent")})
-    if section.get("passkey"):
-        st.plotly_chart(charts.passkey_heatmaps(section["passkey"], section["baselines"]["window"]["label"]),
-                        key="long_passkey")
+    if section.passkey:
+        _passkey(section)
 
 
 st.title("Evaluation")

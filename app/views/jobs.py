@@ -64,7 +64,7 @@ def _export(job: JobInfo) -> None:
     """Queue an ``export`` job of a finished conversion (into exports/<its run folder's name>)."""
     run = job.run_dir.relative_to(common.workspace()).as_posix()
     try:
-        info = api.submit_job("export", {"run": run}, **common.ws())
+        info = api.submit_job(common.EXPORT, {"run": run}, **common.ws())
         st.toast(f"Export of job #{job.id} queued as job #{info.id}, into {info.config['output']}")
     except JobsError as exc:
         st.error(str(exc))

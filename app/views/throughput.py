@@ -8,6 +8,7 @@ import streamlit as st
 
 from app import bench_results, charts, common
 from core.config import BUNDLED_MODEL
+from core.lists import comma_ints
 from jobs import api
 from jobs.errors import JobsError
 from jobs.records import JobInfo
@@ -18,10 +19,7 @@ FACTORS = ("batch_size", "context_length")  # what the charts are drawn against
 
 
 def _ints(text: str, name: str) -> list[int]:
-    try:
-        values = [int(p) for p in str(text).replace(";", ",").replace(" ", ",").split(",") if p]
-    except ValueError:
-        raise ValueError(f"{name}: expected whole numbers separated by commas, got {text!r}") from None
+    values = comma_ints(text, name)
     if not values:
         raise ValueError(f"{name}: give at least one value")
     return values

@@ -29,11 +29,11 @@ def convert_teacher(teacher: nn.Module, config: BenchConfig) -> nn.Module:
 
 
 def load_converted_student(teacher: nn.Module, checkpoint: str | os.PathLike, config: BenchConfig) -> nn.Module:
-    """The student of a converted run folder or exported model (:func:`core.pipeline.runs.load_converted`),
+    """The student of a converted run folder or exported model (:func:`core.load.load_converted`),
     on the teacher's device. ``config.model`` should name the same base model as the run.
 
     This benchmarks a run's exact conversion (and its LoRA wrapping)."""
-    from core.pipeline.runs import load_converted
+    from core.load import load_converted
 
     device = next(teacher.parameters()).device
     student, _, _ = load_converted(checkpoint, device=str(device), workspace=config.workspace, dtype=config.dtype)

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from core.cli.common import PRESET_HELP, SET_HELP, RichProgress, WorkspaceOpt, cli_errors, console, run_path
+from core.lists import comma_ints, comma_names
 from core.pipeline.budget_spec import BudgetSweepConfig
 
 
@@ -41,7 +42,7 @@ def ablate(
         return
     out = run_path(output, workspace, "ablation")
     with RichProgress() as progress:
-        result = run_ablation(cfg, out, kinds=[k.strip() for k in kinds.split(",")], total_steps=steps,
+        result = run_ablation(cfg, out, kinds=comma_names(kinds), total_steps=steps,
                               progress=progress, resume=resume, workspace=workspace)
     console.print(markdown_table(result["rows"]))
     console.print(f"written: {out / 'ablation.md'}, {out / 'ablation.json'}")
@@ -54,9 +55,9 @@ def _budget_sweep(cfg, budgets: str, context: int, output: Optional[str], resume
     from core.pipeline.budgets import run_budget_sweep
 
     try:
-        values = [int(k) for k in budgets.split(",") if k.strip()]
-    except ValueError:
-        raise ConfigError(f"--budgets takes comma-separated integers such as 0,1,2,4,8; got {budgets!r}") from None
+        values = comma_ints(budgets, "--budgets")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     sweep = build_spec(BudgetSweepConfig, {"base": cfg.model_dump(), "budgets": values, "context": context})
     out = run_path(output, workspace, "budgets")
     with RichProgress() as progress:

@@ -14,16 +14,13 @@ import typer
 from core.bench.config import MODELS, BenchConfig
 from core.cli.common import RichProgress, WorkspaceOpt, cli_errors, console
 from core.config import DTYPES
+from core.lists import comma_ints, comma_names
 
 
 def _default(name: str) -> Any:
     """The ``BenchConfig`` field's default, a list written comma-separated."""
     value = BenchConfig.model_fields[name].get_default(call_default_factory=True)
     return ",".join(str(v) for v in value) if isinstance(value, list) else value
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
 @cli_errors()
@@ -52,8 +49,10 @@ def bench(
 
     cfg = build_spec(BenchConfig, {
         "model": model, "student_checkpoint": str(checkpoint) if checkpoint else None,
-        "batch_sizes": _ints(batch_sizes), "prompt_lengths": _ints(prompt_lengths), "gen_lengths": _ints(gen_lengths),
-        "threads": threads, "dtype": dtype, "models": [m.strip() for m in models.split(",") if m.strip()],
+        "batch_sizes": comma_ints(batch_sizes, "--batch-sizes"), "prompt_lengths": comma_ints(prompt_lengths,
+                                                                                               "--prompt-lengths"),
+        "gen_lengths": comma_ints(gen_lengths, "--gen-lengths"), "threads": threads, "dtype": dtype,
+        "models": comma_names(models),
         "memory_budget": memory_budget, "capacity_steps": capacity_steps,
         "workspace": str(workspace) if workspace else None})
     with RichProgress() as progress:

@@ -26,7 +26,7 @@ def chat(
 
     from core.eval.metrics import chat_prompt, generate_text, teacher_context
     from core.export.teacher import teacher_problem
-    from core.pipeline.runs import load_converted
+    from core.load import load_converted
 
     model, tokenizer, _ = load_converted(run, workspace=workspace, dtype=dtype)
     unavailable = teacher_problem(model)  # an export whose base model cannot be loaded

@@ -14,8 +14,8 @@ from core.config.constants import (
     SUPPORTED_ARCHITECTURES,
     TINY_MODEL,
 )
-from core.config.loading import (apply_overrides, config_fields, load_config, parse_yaml_mapping, preset,
-                                 read_yaml_mapping)
+from core.config.loading import (EVALUATION_FIELDS, apply_overrides, config_fields, evaluation_overrides, load_config,
+                                 parse_yaml_mapping, preset, read_yaml_mapping)
 from core.config.presets import PRESET_DESCRIPTIONS, PRESETS
 from core.config.schema import (
     AttentionSpec,
@@ -59,6 +59,8 @@ __all__ = [
     "ModelSpec",
     "Stage1Spec",
     "Stage2Spec",
+    "EVALUATION_FIELDS",
+    "evaluation_overrides",
     "apply_overrides",
     "build_config",
     "build_spec",

@@ -9,6 +9,7 @@ a dotted path sets one nested field, and a mapping value merges into the section
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -90,6 +91,35 @@ def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[st
                               f"quote it, for example {path}='\"text\"'") from None
         config = set_dotted(config, path, value)
     return config
+
+
+EVALUATION_FIELDS = {  # an evaluation's settings (lolcats eval's flags, the evaluate job's fields) by dotted field
+    "seq_len": "data.seq_len",
+    "ppl_blocks": "eval.ppl_blocks",
+    "passkey_trials": "eval.passkey_trials",
+    "lengths": "eval.long_context.lengths",
+    "sequences": "eval.long_context.sequences",
+    "grid_trials": "eval.long_context.passkey_trials",
+}
+
+
+def evaluation_overrides(**settings: Any) -> list[str]:
+    """The ``dotted.path=VALUE`` overrides of a run's config that the given evaluation settings
+    (keys of :data:`EVALUATION_FIELDS`; None: the run's own) stand for, for :func:`apply_overrides`.
+    ``lengths="off"`` turns the long-context evaluation off, any other lengths turn it on."""
+    unknown = set(settings) - EVALUATION_FIELDS.keys()
+    if unknown:
+        raise ValueError(f"unknown evaluation settings {sorted(unknown)}; known: {', '.join(EVALUATION_FIELDS)}")
+    out = []
+    for name, value in settings.items():
+        if value is None:
+            continue
+        if name == "lengths":
+            out.append(f"eval.long_context.enabled={json.dumps(value != 'off')}")
+            if value == "off":
+                continue
+        out.append(f"{EVALUATION_FIELDS[name]}={json.dumps(value)}")
+    return out
 
 
 def preset_fields(name: str) -> dict[str, Any]:

@@ -202,8 +202,9 @@ class Stage2Spec(_Spec):
 
 
 class LongContextSpec(_Spec):
-    """Quality by context length (:mod:`core.eval.long_context`): teacher, student and the two
-    training-free sliding-window baselines on held-out contiguous text, and a passkey grid."""
+    """Quality by context length (:mod:`core.eval.long_context`): teacher, student, the two
+    training-free sliding-window baselines and the frontier of windows on held-out contiguous text,
+    and a passkey grid."""
 
     enabled: bool = True
     # context lengths in tokens, or "auto": powers of two from 256 (or seq_len, if shorter) to 8 x seq_len
@@ -213,6 +214,10 @@ class LongContextSpec(_Spec):
     passkey_depths: list[float] = [0.1, 0.5, 0.9]
     passkey_trials: int = Field(4, ge=0)  # per length and depth (0: no passkey grid)
     time_budget_s: float = Field(900.0, gt=0)  # the longest lengths are dropped when the estimate exceeds it
+    # the training-free frontier: sliding windows (keys, plus the student's sinks) of the teacher's
+    # softmax beside the memory-matched one; each is one more forward pass per sequence at the
+    # longest length (benchmarks/frontier_cost.py measures it); [] leaves the memory-matched one alone
+    frontier_windows: list[int] = [32, 128, 512]
 
     @field_validator("lengths", "passkey_lengths")
     @classmethod
@@ -220,6 +225,13 @@ class LongContextSpec(_Spec):
         if lengths != "auto" and (not lengths or min(lengths) < 16):
             raise ValueError(f"{info.field_name} must be 'auto' or a non-empty list of lengths >= 16, got {lengths}")
         return lengths if lengths == "auto" else sorted(set(lengths))
+
+    @field_validator("frontier_windows")
+    @classmethod
+    def _positive_windows(cls, windows: list[int]) -> list[int]:
+        if any(w < 1 for w in windows):
+            raise ValueError(f"frontier_windows must be window sizes >= 1 (keys), got {windows}")
+        return sorted(set(windows))
 
     @field_validator("passkey_depths")
     @classmethod

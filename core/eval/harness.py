@@ -1,6 +1,6 @@
 """Task accuracy of a converted model and its teacher, side by side, through lm-evaluation-harness.
 
-The converted model is loaded once (:func:`core.pipeline.runs.load_converted`) and wrapped in
+The converted model is loaded once (:func:`core.load.load_converted`) and wrapped in
 lm-eval's ``HFLM``; ``simple_evaluate`` runs every task once in teacher mode (original softmax
 attention, LoRA off: :func:`core.eval.metrics.teacher_context`) and once as the student, with
 ``log_samples`` so both models' per-item scores pair up. The difference and its 95% interval
@@ -35,6 +35,7 @@ from core.config import ConfigError
 from core.eval.metrics import teacher_context
 from core.eval.pairing import CI_METHOD, paired_difference, paired_items
 from core.io import atomic_write_json, read_json_object
+from core.lists import comma_names
 from core.progress import NullProgress, ProgressCallback, StopRequested
 from core.run_folder import STUDENT_TASKS, TEACHER_TASKS
 
@@ -56,9 +57,9 @@ def resolve_tasks(tasks: str | Sequence[str], num_fewshot: int | None = None) ->
 
     ``paper`` expands to :data:`PAPER_SUITE`, ``offline`` to :func:`offline_tasks`; an explicit
     ``num_fewshot`` overrides every count."""
-    names = tasks.split(",") if isinstance(tasks, str) else list(tasks)
+    names = comma_names(tasks) if isinstance(tasks, str) else [n.strip() for n in tasks]
     resolved: dict[str, int | None] = {}
-    for name in (n.strip() for n in names):
+    for name in names:
         if name == "paper":
             resolved.update({t: k if num_fewshot is None else num_fewshot for t, k in PAPER_SUITE.items()})
         elif name == "offline":
@@ -213,12 +214,12 @@ def evaluate_tasks(run: str | os.PathLike, tasks: str | Sequence[str], num_fewsh
 
     Unknown task names raise :class:`ConfigError` before the model loads. The rest is
     :func:`evaluate_model` on the loaded model; writes the result JSON to ``output`` atomically.
-    ``loaded``: the ``(model, tokenizer, info)`` of :func:`core.pipeline.runs.load_converted` on
+    ``loaded``: the ``(model, tokenizer, info)`` of :func:`core.load.load_converted` on
     ``run`` when the caller has it already (``device`` is then not used)."""
     resolved = resolve_tasks(tasks, num_fewshot)
     manager = task_manager()
     check_known(list(resolved), manager)
-    from core.pipeline.runs import load_converted
+    from core.load import load_converted
 
     model, tokenizer, info = loaded or load_converted(run, device=device, workspace=workspace)
     report = evaluate_model(model, tokenizer, resolved, limit, batch_size, progress, cache_dir, manager)

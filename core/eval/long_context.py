@@ -12,8 +12,14 @@ sequences, which a causal model scores exactly as a sequence of length L:
     ratio[a, b)      = the same over the predicted positions a <= t < b (a position bucket)
     top1_agreement(L) = mean_{t < L} [argmax student_t == argmax teacher_t]
 
-for the student and for each baseline. A passkey grid (lengths x depths, ``trials`` keys per cell)
-scores teacher, student and the student-window baseline the same way, by one forward pass each:
+for the student and for each baseline. The frontier adds sliding windows of ``frontier_windows``
+keys (plus the sinks) to the memory-matched one, each at its key/value bytes per layer, one forward
+pass each per sequence (a window that covers the longest sequence is the teacher and is left out).
+
+Verdicts (:class:`core.eval.long_context_result.Verdict`) compare the student with each baseline,
+and with the frontier read at the student's own state bytes, at every length, with a margin from
+the measurement's own noise (:func:`paired_margin`). A passkey grid (lengths x depths, ``trials``
+keys per cell) scores teacher, student and both baselines the same way, by one forward pass each:
 a cell's trial counts when greedy decoding would produce the key, i.e. every answer token is the
 argmax of the logits before it.
 """
@@ -32,13 +38,16 @@ from torch import nn
 from core.attention.surgery import lolcats_modules
 from core.config import LongContextSpec
 from core.data import held_out_source, load_blocks
+from core.eval.long_context_result import (FRONTIER, MEMORY_MATCHED, STUDENT, WINDOW, FrontierAt, LongContextResult,
+                                           Verdict, curve_weights, equal_quality_bytes)
 from core.eval.metrics import passkey_prompt, teacher_context
-from core.eval.window_baseline import baselines, window_softmax
+from core.eval.window_baseline import WindowBaseline, baselines, window_softmax
 from core.progress import NullProgress, ProgressCallback
 from core.run_folder import LONG_CONTEXT, LONG_CONTEXT_PASSKEY
 from core.train.lora import base_model
 
 BUCKET_EDGES = (0, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+NOISE_BLOCK = 64  # predicted positions per block of the paired noise estimate (paired_margin)
 MIN_AUTO_LENGTH = 256
 PASSKEY_MIN_LENGTH = 512
 
@@ -120,17 +129,51 @@ def summarise(scores: dict[str, tuple[torch.Tensor, torch.Tensor]], lengths: lis
     return {"by_length": by_length, "by_position": by_position}
 
 
-def verdict(summary: dict, labels: dict[str, str]) -> list[str]:
-    """One plain sentence per baseline: at which lengths the student is worse than it, or that it
-    beats it everywhere."""
-    lines = []
-    for name, label in labels.items():
-        worse = [row["length"] for row in summary["by_length"] if row["student"]["ratio"] > row[name]["ratio"]]
-        if worse:
-            lines.append(f"the student is WORSE than the untrained {label} at {', '.join(map(str, worse))} tokens")
-        else:
-            lines.append(f"the student beats the untrained {label} at every length")
-    return lines
+def paired_margin(diff: torch.Tensor, length: int) -> float:
+    """Twice the standard error of ``mean(diff[:, :length - 1])``, the paired per-token NLL
+    difference [n, L_max - 1] of two models on the same tokens (nats): the sequences' first
+    ``length - 1`` predicted positions are cut into blocks of :data:`NOISE_BLOCK` (a shorter last
+    block is dropped), and the standard error is the block means' standard deviation over the
+    square root of their count (blocks, not tokens, since neighbouring tokens' differences are
+    correlated); with fewer than two whole blocks, the tokens' own standard error."""
+    d = diff[:, : length - 1]
+    whole = d.shape[1] // NOISE_BLOCK
+    values = d[:, : whole * NOISE_BLOCK].reshape(-1, NOISE_BLOCK).mean(1) if d.shape[0] * whole >= 2 else d.reshape(-1)
+    if values.numel() < 2:
+        return 0.0
+    return 2.0 * float(values.std() / math.sqrt(values.numel()))
+
+
+def judge(scores: dict[str, tuple[torch.Tensor, torch.Tensor]], lengths: list[int], names: list[str]) -> list[Verdict]:
+    """The student against each model of ``names`` at every length, with :func:`paired_margin`."""
+    t_nll, s_nll = scores["teacher"][0], scores[STUDENT][0]
+    return [Verdict.judge(name, L, _ratio(s_nll[:, : L - 1], t_nll[:, : L - 1]),
+                          _ratio(scores[name][0][:, : L - 1], t_nll[:, : L - 1]),
+                          paired_margin(s_nll - scores[name][0], L))
+            for name in names for L in lengths]
+
+
+def frontier(scores: dict[str, tuple[torch.Tensor, torch.Tensor]], lengths: list[int],
+             windows: list[WindowBaseline], kv_bytes_per_token: int, student_bytes: int) -> tuple[dict, list[Verdict]]:
+    """The frontier section (:class:`core.eval.long_context_result.Frontier`) of the sliding
+    ``windows`` whose scores are in ``scores`` under their names, and the student's verdicts against
+    the curve at ``student_bytes``: the curve's log ratio there is a weighted sum of two windows'
+    log ratios, so the student is compared token by token with the same weighted sum of their NLLs."""
+    windows = sorted(windows, key=lambda b: b.window)
+    point_bytes = [(b.window + b.sinks) * kv_bytes_per_token for b in windows]
+    t_nll, s_nll = scores["teacher"][0], scores[STUDENT][0]
+    points = [{"window": b.window, "sinks": b.sinks, "bytes_per_layer": n,
+               "ratios": [_ratio(scores[b.name][0][:, : L - 1], t_nll[:, : L - 1]) for L in lengths]}
+              for b, n in zip(windows, point_bytes)]
+    mixed = sum(w * scores[windows[i].name][0] for i, w in curve_weights(point_bytes, student_bytes))
+    at, verdicts = [], []
+    for j, L in enumerate(lengths):
+        curve = _ratio(mixed[:, : L - 1], t_nll[:, : L - 1])
+        student = _ratio(s_nll[:, : L - 1], t_nll[:, : L - 1])
+        at.append(FrontierAt(length=L, curve_ratio=curve, equal_quality_bytes=equal_quality_bytes(
+            point_bytes, [p["ratios"][j] for p in points], student)).model_dump())
+        verdicts.append(Verdict.judge(FRONTIER, L, student, curve, paired_margin(s_nll - mixed, L)))
+    return {"points": points, "student_bytes": student_bytes, "at": at}, verdicts
 
 
 def passkey_item(tokenizer, length: int, depth: float, key: int) -> tuple[torch.Tensor, int]:
@@ -174,7 +217,8 @@ def passkey_grid(model: nn.Module, tokenizer, spec: LongContextSpec, lengths: li
 
 def long_context_report(model: nn.Module, tokenizer, spec: LongContextSpec, seq_len: int, eval_text: str = "bundled",
                         seed: int = 0, progress: ProgressCallback | None = None) -> dict | None:
-    """The ``long_context`` section of a report (see the module docstring); ``seq_len`` is the
+    """The ``long_context`` section of a report (see the module docstring), as
+    :class:`core.eval.long_context_result.LongContextResult` dumps it; ``seq_len`` is the
     training block length, which ``"auto"`` lengths are relative to. None for a model with no
     converted layer (nothing differs from the teacher)."""
     if not lolcats_modules(base_model(model)):
@@ -186,8 +230,10 @@ def long_context_report(model: nn.Module, tokenizer, spec: LongContextSpec, seq_
     key_lengths = [n for n in key_lengths if n <= lengths[-1]]
     seqs = held_out_sequences(tokenizer, lengths[-1], spec.sequences, eval_text)
     chosen, sizes = baselines(model)
-    contexts = {"teacher": lambda: teacher_context(model), "student": nullcontext,
-                **{b.name: (lambda b=b: window_softmax(model, b)) for b in chosen}}
+    curve = frontier_windows(chosen, spec.frontier_windows, lengths[-1])
+    windows = {b.name: b for b in [*chosen, *curve]}
+    contexts = {"teacher": lambda: teacher_context(model), STUDENT: nullcontext,
+                **{name: (lambda b=b: window_softmax(model, b)) for name, b in windows.items()}}
     scores, done = {}, 0
     for name, context in contexts.items():
         with context():
@@ -197,8 +243,9 @@ def long_context_report(model: nn.Module, tokenizer, spec: LongContextSpec, seq_
                 done += 1
                 progress.on_step(LONG_CONTEXT, done, len(contexts) * len(seqs), {})
         scores[name] = (torch.stack([s[0] for s in per_seq]), torch.stack([s[1] for s in per_seq]))
-    summary = summarise(scores, lengths)
-    labels = {b.name: b.label for b in chosen}
+    summary = summarise({k: scores[k] for k in ("teacher", STUDENT, *(b.name for b in chosen))}, lengths)
+    on_curve, frontier_verdicts = frontier(scores, lengths, [windows[b.name] for b in curve],
+                                           sizes["kv_bytes_per_token"], sizes["state_bytes"])
     report = {
         "text": held_out_source(eval_text),
         "sequences": spec.sequences,
@@ -209,23 +256,38 @@ def long_context_report(model: nn.Module, tokenizer, spec: LongContextSpec, seq_
         "state_bytes_per_layer": sizes["state_bytes"],
         "kv_bytes_per_token": sizes["kv_bytes_per_token"],
         **summary,
-        "verdict": verdict(summary, labels),
+        "verdicts": [v.model_dump() for v in [*judge(scores, lengths, [b.name for b in chosen]), *frontier_verdicts]],
+        "frontier": on_curve,
     }
     if spec.passkey_trials and key_lengths:
-        window = next(b for b in chosen if b.name == "window")
-        report["passkey"] = passkey_grid(model, tokenizer, spec, key_lengths, {
-            "teacher": contexts["teacher"], "student": nullcontext, "window": lambda: window_softmax(model, window)},
-            seed, progress)
+        report["passkey"] = passkey_grid(model, tokenizer, spec, key_lengths,
+                                         {k: contexts[k] for k in ("teacher", STUDENT, WINDOW, MEMORY_MATCHED)},
+                                         seed, progress)
     report["seconds"] = time.perf_counter() - t0
-    return report
+    return LongContextResult.model_validate(report).model_dump(mode="json")
+
+
+def frontier_windows(chosen: list[WindowBaseline], sizes: list[int], longest: int) -> list[WindowBaseline]:
+    """The frontier's sliding windows: the memory-matched baseline and one of each size in
+    ``sizes`` with the same sinks, named ``window_<w>``; a window of the student's own baseline
+    (a linear student's is a sliding window) keeps that baseline's name, and windows whose keys
+    plus sinks cover the ``longest`` sequence (the teacher itself) are left out."""
+    matched = next(b for b in chosen if b.name == MEMORY_MATCHED)
+    same = {(b.kind, b.window, b.sinks): b for b in chosen}
+    points = {matched.window: matched}
+    for w in sizes:
+        points.setdefault(w, same.get(("sliding_window", w, matched.sinks),
+                                      WindowBaseline(f"window_{w}", "sliding_window", w, matched.sinks)))
+    return [b for w, b in sorted(points.items()) if b is matched or w + b.sinks < longest]
 
 
 def _fit_budget(model: nn.Module, tokenizer, spec: LongContextSpec, lengths: list[int], key_lengths: list[int],
                 eval_text: str) -> tuple[list[int], list[int]]:
     """``lengths`` without the longest ones whose estimated cost exceeds ``spec.time_budget_s``,
     and those dropped. The estimate times one student forward pass of the shortest length and
-    scales it linearly in tokens by the forward passes the report makes up to a length n: 4
-    models x ``sequences`` of n tokens, plus 3 models x the passkey prompts of at most n tokens.
+    scales it linearly in tokens by the forward passes the report makes up to a length n: teacher,
+    student, the two baselines and each frontier window x ``sequences`` of n tokens, plus 4 models
+    x the passkey prompts of at most n tokens.
     The shortest length is always kept."""
     probe = held_out_sequences(tokenizer, lengths[0], 1, eval_text)[0]
     t = time.perf_counter()
@@ -234,7 +296,8 @@ def _fit_budget(model: nn.Module, tokenizer, spec: LongContextSpec, lengths: lis
     kept = [lengths[0]]
     for n in lengths[1:]:
         keys = spec.passkey_trials * len(spec.passkey_depths) * sum(k for k in key_lengths if k <= n)
-        if per_token * (4 * spec.sequences * n + 3 * keys) > spec.time_budget_s:
+        models = 4 + len(spec.frontier_windows)
+        if per_token * (models * spec.sequences * n + 4 * keys) > spec.time_budget_s:
             break
         kept.append(n)
     return kept, [n for n in lengths if n not in kept]
@@ -249,5 +312,5 @@ def _doublings(start: int, top: int) -> list[int]:
     return out
 
 
-__all__ = ["BUCKET_EDGES", "auto_lengths", "held_out_sequences", "long_context_report", "passkey_grid", "summarise",
-           "token_scores", "verdict"]
+__all__ = ["BUCKET_EDGES", "NOISE_BLOCK", "auto_lengths", "frontier", "frontier_windows", "held_out_sequences", "judge",
+           "long_context_report", "paired_margin", "passkey_grid", "summarise", "token_scores"]

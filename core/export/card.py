@@ -15,6 +15,7 @@ from pathlib import Path
 
 from core.config import ConvertConfig, stored_config
 from core.config.constants import BUNDLED_MODEL, GEMMA3_MODEL, TINY_MODEL
+from core.eval.long_context_result import LongContextResult, read_long_context
 from core.models.sources import resolve_source
 from core.run_folder import REPORT_FILE
 
@@ -84,35 +85,36 @@ def _task_rows(tasks: dict) -> list[str]:
     return rows
 
 
-def length_table(section: dict) -> tuple[list[str], list[list]]:
-    """Quality by context length of a report's ``long_context`` section (core.eval.long_context):
-    the column names (length, teacher ppl, student, each baseline's label, top-1 agreement) and one
-    row of numbers per length. Student and baselines are perplexity / the teacher's (lower is
-    better, 1.0 = as good as the teacher); top-1 agreement is the student's with the teacher."""
-    names = ["student", *section["baselines"]]
-    header = ["length", "teacher ppl", "student", *(b["label"] for b in section["baselines"].values()),
-              "top-1 agreement"]
-    rows = [[row["length"], row["teacher_ppl"], *(row[name]["ratio"] for name in names),
-             row["student"]["top1_agreement"]] for row in section["by_length"]]
-    return header, rows
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |",
+            *("| " + " | ".join(cells) + " |" for cells in rows)]
 
 
-def _long_context(section: dict | None) -> list[str]:
-    """The "Quality by context length" part of the card: the table and the verdict sentences."""
-    if not section or not section.get("by_length"):
+def _long_context(section: LongContextResult | None) -> list[str]:
+    """The "Quality by context length" part of the card: the table by length, the frontier by
+    length and the verdicts (a worse one in bold)."""
+    if section is None:
         return []
-    header, rows = length_table(section)
+    header, rows = section.length_table()
     lines = ["## Quality by context length", "",
-             f"Perplexity over the teacher's (lower is better; 1.000 = as good as the teacher) on {section['text']}, "
-             f"{section['sequences']} held-out sequence(s); trained on {section['train_seq_len']}-token blocks. "
+             f"Perplexity over the teacher's (lower is better; 1.000 = as good as the teacher) on {section.text}, "
+             f"{section.sequences} held-out sequence(s); trained on {section.train_seq_len}-token blocks. "
              "The baselines are the teacher's own softmax attention over a window of recent keys plus sink tokens, "
-             "untrained.",
-             "", "| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    for length, teacher, *ratios, agreement in rows:
-        cells = [str(length), f"{teacher:.3f}", *(f"{r:.3f}" for r in ratios), f"{agreement:.0%}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    lines += [f"- **{line}**" if "WORSE" in line else f"- {line}" for line in section.get("verdict", [])]
+             "untrained.", "",
+             *_markdown_table(header, [[str(length), f"{teacher:.3f}", *(f"{r:.3f}" for r in ratios), f"{agree:.0%}"]
+                                       for length, teacher, *ratios, agree in rows]), ""]
+    header, rows = section.frontier_table()
+    if rows:
+        lines += ["### Against the training-free frontier", "",
+                  f"The same untrained window at several sizes, each at its key/value bytes per layer; the student "
+                  f"holds {section.frontier.student_bytes:,} bytes per layer. The curve is read at the student's "
+                  "bytes (linear in log bytes and log ratio between the two nearest windows); the last column is "
+                  "the bytes a window needs for the student's quality.", "",
+                  *_markdown_table(header, [[str(length), *(f"{r:.3f}" for r in ratios), verdict,
+                                             "-" if equal is None else f"{equal:,.0f}"]
+                                            for length, *ratios, verdict, equal in rows]), ""]
+    lines += [f"- **{text}**" if outcome == "worse" else f"- {text}" for outcome, text in section.verdict_lines()]
+    lines.append(f"- {section.margin_note()}")
     return [*lines, ""]
 
 
@@ -189,7 +191,7 @@ def _evaluation(report: dict, spec: dict) -> list[str]:
     lines += _task_rows(report.get("tasks") or {})
     lines += ["", f"Per-layer attention-output MSE (student vs teacher): "
               f"{_mse_summary(report.get('per_layer_mse', []), spec['softmax_layers'])}.", ""]
-    return lines + _long_context(report.get("long_context"))
+    return lines + _long_context(read_long_context(report))
 
 
-__all__ = ["CARD_FILE", "base_model_license", "length_table", "model_card", "training_tokens"]
+__all__ = ["CARD_FILE", "base_model_license", "model_card", "training_tokens"]

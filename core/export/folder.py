@@ -1,5 +1,5 @@
 """Writing an export: a standalone folder (LoRA merged) that plain transformers loads and
-:func:`core.pipeline.runs.load_converted` reads back, and uploading it to the Hugging Face Hub.
+:func:`core.load.load_converted` reads back, and uploading it to the Hugging Face Hub.
 
 The folder holds the merged weights (``save_pretrained``: the feature maps and mixing factors
 included), the tokenizer, the generated modeling code with ``config.json`` pointing at it
@@ -17,7 +17,7 @@ from core.config import stored_config
 from core.export.card import CARD_FILE, model_card
 from core.export.modeling import MODEL_CLASS, MODELING_FILE, auto_map, modeling_source
 from core.export.teacher import base_model_metadata
-from core.pipeline.runs import load_converted
+from core.load import load_converted
 from core.run_folder import CONFIG_FILE, EXPORT_CONFIG
 from core.train.lora import merge_lora
 

@@ -34,13 +34,13 @@ from core.bench.memory import peak_tracker, weight_bytes
 from core.config import ConvertConfig
 from core.eval.layer_scores import worst_layers
 from core.io import atomic_write_json
+from core.load import load_teacher, saved_choice
 from core.pipeline.convert import run_convert
 from core.pipeline.budget_spec import BudgetSweepConfig, budget_config
 from core.pipeline.budget_table import markdown_table, tradeoff_figure
-from core.pipeline.prelude import CONFIG_FILE, load_teacher, prepare_run_dir
-from core.pipeline.softmax_choice import CHOICE_FILE, saved_choice
+from core.pipeline.prelude import prepare_run_dir
 from core.progress import NullProgress, ProgressCallback
-from core.run_folder import REPORT_FILE, STAGE1
+from core.run_folder import CHOICE_FILE, CONFIG_FILE, REPORT_FILE, STAGE1, TEACHER_FILE
 
 RESULT_FILE = "budgets.json"
 
@@ -52,7 +52,7 @@ def _seed_from(first: Path, run: Path, budget: int) -> None:
     run.mkdir(parents=True, exist_ok=True)
     if (first / STAGE1).is_dir() and not (run / STAGE1).exists():
         shutil.copytree(first / STAGE1, run / STAGE1, ignore=shutil.ignore_patterns("cache"))
-    shutil.copy2(first / "teacher.json", run / "teacher.json")
+    shutil.copy2(first / TEACHER_FILE, run / TEACHER_FILE)
     choice = saved_choice(first)
     scores = {i: s for i, s in enumerate(choice["layer_scores"]) if s is not None}
     atomic_write_json(run / CHOICE_FILE, {**choice, "budget": budget, "softmax_layers": worst_layers(scores, budget)})

@@ -10,7 +10,8 @@ Run folder layout (all under ``output``)::
                       and every layer's score (core.pipeline.softmax_choice)
     report.json       teacher_ppl, student_ppl, ppl_ratio, per_layer_mse, passkey, samples, timings,
                       softmax_layers (every layer left softmax), ``long_context`` (quality by context
-                      length against the sliding-window baselines, core.eval.long_context),
+                      length against the sliding-window baselines and the frontier,
+                      core.eval.long_context_result),
                       ``softmax_score`` (``layer_score`` before it was named as the config
                       names it) and ``layer_scores``
                       with ``softmax_layers: auto``, and ``tasks`` (the task-accuracy result of
@@ -33,7 +34,7 @@ import torch
 from torch import nn
 
 from core.attention.surgery import linearize, softmax_layer_indices
-from core.config import ConvertConfig, EvalSpec
+from core.config import ConvertConfig, EvalSpec, apply_overrides, build_config
 from core.data import held_out_source, load_blocks, load_rows, read_options
 from core.eval.harness import check_known, evaluate_model, resolve_tasks, task_manager
 from core.eval.long_context import long_context_report
@@ -42,13 +43,12 @@ from core.io import atomic_write_json
 from core.pipeline.prelude import save_stage_summary, stage_finished, stage_summary, start_run
 from core.pipeline.softmax_choice import check_budget, choose_softmax_layers
 from core.progress import NullProgress, ProgressCallback
-from core.run_folder import REPORT_FILE, STAGE1, STAGE2, STUDENT_EVAL, STUDENT_VAL, TEACHER_EVAL, check_intact
+from core.run_folder import (REPORT_FILE, STAGE1, STAGE2, STUDENT_EVAL, STUDENT_VAL, TASK_CACHE_DIR, TEACHER_EVAL,
+                             TEACHER_FILE, check_intact)
 from core.train.distill_attention import train_stage1
 from core.train.finetune_lora import train_stage2, wrap_for_stage2
 from core.train.lora import base_model
 from core.train.loop import load_best
-
-TASKS_DIR = "tasks"
 
 
 def eval_text_blocks(config: ConvertConfig, tokenizer) -> dict[str, torch.Tensor]:
@@ -76,7 +76,7 @@ def run_convert(
     eval_blocks = eval_text_blocks(config, tokenizer)
     timings["load_s"] = time.perf_counter() - t0
 
-    teacher_file = output / "teacher.json"
+    teacher_file = output / TEACHER_FILE
     if teacher_file.exists():
         teacher_ppl = json.loads(teacher_file.read_text())["teacher_ppl"]
     else:
@@ -111,7 +111,7 @@ def run_convert(
     if config.eval.tasks:
         t = time.perf_counter()
         report["tasks"] = evaluate_model(model, tokenizer, config.eval.tasks, limit=config.eval.tasks_limit,
-                                         progress=progress, cache_dir=output / TASKS_DIR)
+                                         progress=progress, cache_dir=output / TASK_CACHE_DIR)
         timings["tasks_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
     report.update({"softmax_layers": softmax_layer_indices(base_model(model)), "timings": timings, "training": result,
@@ -164,6 +164,35 @@ def evaluate_run(model, tokenizer, config: ConvertConfig, eval_blocks, val, teac
                                                      train_seq_len or config.data.seq_len, config.data.eval_text,
                                                      config.seed, progress)
     return report
+
+
+def evaluate_again(model: nn.Module, tokenizer, run_config: dict, overrides: list[str], progress: ProgressCallback,
+                   teacher_unavailable: str | None = None) -> dict:
+    """The run's evaluation step once more, on its model loaded back from a run folder or an export
+    (``lolcats eval`` and the ``evaluate`` job): the run's own config (``run_config``, the dumped
+    :class:`ConvertConfig`, which an export keeps) with ``dotted.path=VALUE`` ``overrides`` applied,
+    so the same held-out text (``data.eval_text``), blocks and rules as the conversion's report,
+    less what needs the run's training data (validation perplexity, sample answers).
+
+    The teacher's perplexity is measured on the same blocks; with ``teacher_unavailable`` (an
+    export whose base model cannot be loaded: why) there is no teacher, so no ratio, passkey or
+    long-context section. ``auto`` long-context lengths stay relative to the run's training length,
+    whatever ``data.seq_len`` the overrides set. The report adds ``teacher_unavailable``, the
+    ``eval`` settings used and ``seq_len``."""
+    trained = build_config(run_config)
+    config = build_config(apply_overrides(trained.model_dump(), overrides))
+    eval_blocks = eval_text_blocks(config, tokenizer)
+    teacher = None
+    if teacher_unavailable is None:
+        with teacher_context(model):
+            teacher = perplexity(model, eval_blocks, progress=progress, stage=TEACHER_EVAL)
+    report = evaluate_run(model, tokenizer, config, eval_blocks, None, teacher, progress,
+                          train_seq_len=trained.data.seq_len,
+                          with_passkey=bool(config.eval.passkey_trials) and teacher_unavailable is None,
+                          with_long_context=teacher_unavailable is None, with_samples=False)
+    report.setdefault("long_context", None)
+    return {**report, "teacher_unavailable": teacher_unavailable,
+            "eval": config.eval.model_dump(exclude={"samples", "max_new_tokens"}), "seq_len": config.data.seq_len}
 
 
 def passkey_report(model: nn.Module, tokenizer, spec: EvalSpec, seed: int) -> dict:

@@ -236,7 +236,8 @@ def run_stage2(config: ConvertConfig, output: str | os.PathLike, workspace: str 
     from accelerate import Accelerator
 
     from core.attention.surgery import linearize
-    from core.pipeline.softmax_choice import apply_saved_choice, choose_softmax_layers
+    from core.load import apply_saved_choice
+    from core.pipeline.softmax_choice import choose_softmax_layers
     from core.train.finetune_lora import train_stage2, wrap_for_stage2
     from core.train.loop import load_best
     from core.train.parallel import ONE_PROCESS, DataParallel, ShardedDataParallel, held_fraction

@@ -22,11 +22,11 @@ from torch import nn
 from core.config import ConfigError, ConvertConfig, config_diff, stored_config
 from core.data import load_spec_data
 from core.io import atomic_write_json
-from core.models import check_seq_len, load_model
+from core.load import load_teacher
 from core.progress import NullProgress, ProgressCallback
+from core.run_folder import CONFIG_FILE
 from core.train.checkpoint import has_checkpoint, load_checkpoint
 
-CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
 
 Blocks = dict[str, torch.Tensor]
@@ -61,16 +61,6 @@ def prepare_run_dir(config: ConvertConfig, output: Path, resume: bool) -> None:
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
-
-
-def load_teacher(config: ConvertConfig, workspace=None, device: str | None = None) -> tuple[nn.Module, object]:
-    """The run's base model and tokenizer, unconverted (on ``device``, default ``model.device``),
-    refused when ``data.seq_len`` exceeds its context."""
-    m = config.model
-    model, tokenizer = load_model(m.source, dtype=m.dtype, device=device or m.device, workspace=workspace,
-                                  trust_remote_code=m.trust_remote_code)
-    check_seq_len(model, config.data.seq_len)
-    return model, tokenizer
 
 
 def start_run(config: ConvertConfig, output: Path, *, resume: bool, workspace=None, device: str | None = None,
@@ -120,5 +110,5 @@ def stage_summary(output: Path, stage: str) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-__all__ = ["RunInputs", "start_run", "prepare_run_dir", "seed_everything", "load_teacher",
-           "stage_finished", "save_stage_summary", "stage_summary", "CONFIG_FILE", "SUMMARY_FILE"]
+__all__ = ["RunInputs", "start_run", "prepare_run_dir", "seed_everything",
+           "stage_finished", "save_stage_summary", "stage_summary", "SUMMARY_FILE"]

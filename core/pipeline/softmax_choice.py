@@ -15,7 +15,6 @@ score method is named ``softmax_score`` as in the config (older choice files cal
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from torch import nn
@@ -24,21 +23,9 @@ from core.attention.surgery import decoder_layers, lolcats_modules, restore_soft
 from core.config import AttentionSpec, ConfigError, ConvertConfig
 from core.eval.layer_scores import layer_scores, worst_layers
 from core.io import atomic_write_json
+from core.load import saved_choice
 from core.progress import NullProgress, ProgressCallback
-
-CHOICE_FILE = "softmax_choice.json"
-
-
-def saved_choice(output: str | Path) -> dict | None:
-    """The choice a run folder keeps, or None when it has none."""
-    path = Path(output) / CHOICE_FILE
-    if not path.is_file():
-        return None
-    choice = json.loads(path.read_text())
-    if "score" in choice:  # written before the score method was named as the config names it
-        choice["softmax_score"] = choice.pop("score")
-    return choice
-
+from core.run_folder import CHOICE_FILE
 
 def check_budget(model: nn.Module, spec: AttentionSpec) -> None:
     """Refuse (before any training) a ``softmax_budget`` that leaves no layer of ``model`` converted."""
@@ -71,15 +58,4 @@ def choose_softmax_layers(model: nn.Module, config: ConvertConfig, blocks, outpu
     return choice
 
 
-def apply_saved_choice(model: nn.Module, config: ConvertConfig, output: str | Path) -> None:
-    """Restore the layers a finished choice kept softmax, for a run loaded back from its folder."""
-    if config.attention.softmax_layers != "auto":
-        return
-    choice = saved_choice(output)
-    if choice is None:
-        raise ValueError(f"{output} has softmax_layers 'auto' but no {CHOICE_FILE}: the run stopped before "
-                         "choosing its softmax layers; resume it")
-    restore_softmax(model, choice["softmax_layers"])
-
-
-__all__ = ["check_budget", "choose_softmax_layers", "apply_saved_choice", "saved_choice", "CHOICE_FILE"]
+__all__ = ["check_budget", "choose_softmax_layers"]

@@ -15,7 +15,7 @@ from app import generation
 from core.export.teacher import TEACHER_ATTRIBUTE, ExportTeacher
 from core.models import load_model
 from core.export.folder import export
-from core.pipeline.runs import load_converted
+from core.load import load_converted
 from core.run_folder import EXPORT_CONFIG
 from tests.tiny_runs import convert_tiny, merged_weights_with_softmax
 

@@ -1,7 +1,8 @@
 """Evaluation page: teacher vs student bars with error bars, the retention ratio and the table
 show the reports' numbers, for evaluate jobs and conversions side by side; the empty state
 queues an evaluation of a finished conversion; a conversion's long-context section (from its
-report, eval.json or an evaluate job) shows as charts, a table and its verdicts."""
+report, eval.json or an evaluate job) shows as charts, tables and its verdicts, the frontier with
+the conversion and the others as points."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def test_the_empty_state_queues_an_evaluation_of_a_finished_conversion(fresh_ws)
     queued = api.list_jobs(kind="evaluate", workspace=fresh_ws)
     assert [(j.status, j.name) for j in queued] == [("queued", f"eval-{conversion}")]
     assert queued[0].config == {"run": f"runs/{conversion}", "tasks": "offline", "num_fewshot": None, "limit": 5,
-                                "batch_size": 1, "lengths": None, "sequences": 2}
+                                "batch_size": 1, "lengths": None, "sequences": None}
     assert f"Queued evaluation job #{queued[0].id} of conversion #{conversion}." in texts(at)
 
 
@@ -156,21 +157,68 @@ def test_long_context_of_a_conversion_shows_positions_lengths_verdicts_and_the_p
     assert [t["line"].get("dash") for t in positions["data"]] == [None, "dash", "dash"]  # baselines dashed
     [teacher] = positions["layout"]["shapes"]
     assert (teacher["y0"], teacher["y1"]) == (1.0, 1.0)
-    table = at.dataframe[0].value
+    table = at.dataframe[1].value
     assert list(table.columns) == ["length", "teacher ppl", "student", WINDOW_LABEL, MATCHED_LABEL, "top-1 agreement"]
     assert _rows(table) == [pytest.approx([r["length"], r["teacher_ppl"], r["student"]["ratio"], r["window"]["ratio"],
                                            r["memory_matched"]["ratio"], r["student"]["top1_agreement"]])
                             for r in section["by_length"]]
-    assert [e.value for e in at.error] == [f"The student is WORSE than the untrained {MATCHED_LABEL} at 1024, 4096 "
-                                           "tokens."]
-    assert [s.value for s in at.success] == [f"The student beats the untrained {WINDOW_LABEL} at every length."]
+    # 1.0012 against 1.01 and 1.05 against 1.04 lie within the 0.01 margin: level, not worse
+    assert [e.value for e in at.error] == [
+        f"The student is worse than the untrained {MATCHED_LABEL} at 4096 tokens.",
+        "The student is worse than the training-free frontier (read at the student's own bytes) at 4096 tokens."]
+    assert [i.value for i in at.info if i.value.startswith("The student")] == [
+        f"The student is level with the untrained {MATCHED_LABEL} at 256, 1024 tokens.",
+        "The student is level with the training-free frontier (read at the student's own bytes) at 256, 1024 tokens."]
+    assert [s.value for s in at.success] == [f"The student is better than the untrained {WINDOW_LABEL} at every length."]
     grid = figure(at, "Passkey")
-    assert [a["text"] for a in grid["layout"]["annotations"]] == ["teacher", "student", WINDOW_LABEL]
-    for trace, key in zip(grid["data"], ("teacher", "student", "window")):
+    assert grid["layout"]["title"]["text"] == "Passkey retrieval: 4 keys a cell"
+    assert [a["text"] for a in grid["layout"]["annotations"]] == ["teacher", "student", WINDOW_LABEL, MATCHED_LABEL]
+    for trace, key in zip(grid["data"], ("teacher", "student", "window", "memory_matched")):
         assert trace["type"] == "heatmap" and trace["z"] == section["passkey"]["accuracy"][key]
         assert trace["x"] == ["0.1", "0.5", "0.9"] and trace["y"] == ["512", "1024"]  # x depth, y length
-    assert grid["data"][1]["text"] == [["100%", "50%", "75%"], ["50%", "25%", "75%"]]
-    assert (grid["layout"]["coloraxis"]["cmin"], grid["layout"]["coloraxis"]["cmax"]) == (0, 1)
+    assert grid["data"][1]["text"] == [["4/4", "2/4", "3/4"], ["2/4", "1/4", "3/4"]]
+    lo, hi = grid["data"][1]["customdata"][1][1]  # 1 of 4: the 95 % Wilson interval
+    assert (lo, hi) == pytest.approx((0.0456, 0.6994), abs=1e-4)
+    coloraxis = grid["layout"]["coloraxis"]
+    assert (coloraxis["cmin"], coloraxis["cmax"], coloraxis["colorbar"]["tickformat"]) == (0, 1, ".0%")
+    assert any(c.value.startswith("Each cell hides 4 keys at a depth (0: the prompt's start, 1: its end)") and
+               "2/4 found means 95 % between 15% and 85%" in c.value for c in at.caption)
+
+
+def test_the_frontier_draws_the_curve_the_conversion_and_the_others_at_a_chosen_length(fresh_ws):
+    section = long_context_section()
+    finished_job(fresh_ws, "convert", {"seed": 0}, "long", {"student_ppl": 10.0, "long_context": section})
+    other = {**long_context_section(), "state_bytes_per_layer": 250000,
+             "by_length": [{**row, "student": {**row["student"], "ratio": 1.1}} for row in section["by_length"]]}
+    finished_job(fresh_ws, "convert", {"seed": 1}, "smaller", {"student_ppl": 10.0, "long_context": other})
+    at = open_page(PAGE)
+    assert not at.exception
+    widget(at, "selectbox", "long_conversion").set_value(widget(at, "selectbox", "long_conversion").options[-1]).run()
+    chart = figure(at, "Quality against memory at 4096 tokens")
+    curve, mine, others = chart["data"]
+    assert curve["x"] == [(w + 4) * 1536 for w in (32, 128, 323, 512)] and curve["y"] == [1.6, 1.3, 1.02, 1.01]
+    assert "window 323 + 4 sinks (memory-matched)" in curve["text"]
+    assert (mine["x"], mine["y"]) == ([502272], [1.18])
+    assert (others["x"], others["y"]) == ([250000], [1.1])
+    assert chart["layout"]["xaxis"]["type"] == "log"
+    widget(at, "select_slider", "frontier_length").set_value(256).run()
+    chart = figure(at, "Quality against memory at 256 tokens")
+    assert chart["data"][0]["y"] == [1.1, 1.03, 1.01, 1.0] and chart["data"][1]["y"] == [1.0012]
+    frontier = at.dataframe[0].value
+    assert frontier["verdict"].tolist() == ["level", "level", "worse"]
+    assert frontier["window bytes for the student's quality"].round().tolist() == [750178, 460724, 291253]
+
+
+def test_an_evaluation_stored_before_the_frontier_shows_its_verdicts_without_one(fresh_ws):
+    finished_job(fresh_ws, "convert", {"seed": 0}, "old", {"student_ppl": 10.0,
+                                                            "long_context": long_context_section(older=True)})
+    at = open_page(PAGE)
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"The student is worse than the untrained {MATCHED_LABEL} at 1024, 4096 "
+                                           "tokens."]
+    assert any(c.value.startswith("No frontier: this evaluation was made before the frontier") for c in at.caption)
+    assert any("A difference within 0.5% of perplexity is called level" in c.value for c in at.caption)
+    assert [a["text"] for a in figure(at, "Passkey")["layout"]["annotations"]] == ["teacher", "student", WINDOW_LABEL]
 
 
 def test_eval_json_and_evaluate_jobs_on_the_run_supply_its_long_context(fresh_ws):
@@ -186,7 +234,7 @@ def test_eval_json_and_evaluate_jobs_on_the_run_supply_its_long_context(fresh_ws
     at.run()
     source = widget(at, "selectbox", "long_source")
     assert source.options == [f"evaluate job #{evaluation}", "`lolcats eval` (eval.json)"]
-    assert f"The student is WORSE than the untrained {WINDOW_LABEL} at 4096 tokens." in [e.value for e in at.error]
+    assert f"The student is worse than the untrained {WINDOW_LABEL} at 4096 tokens." in [e.value for e in at.error]
     source.set_value("`lolcats eval` (eval.json)").run()
     assert not any(WINDOW_LABEL in e.value for e in at.error)
 
@@ -199,7 +247,7 @@ def test_positions_in_one_bucket_have_no_chart_by_position(fresh_ws):
     assert not [f for f in plotly_figures(at) if "by position" in f["layout"]["title"]["text"]]
     assert ("No chart by position: every evaluated position (0-64) falls in one bucket of the chart, which needs two "
             "or more; the table below has the ratios.") in [c.value for c in at.caption]
-    assert len(at.dataframe[0].value) == len(section["by_length"])
+    assert len(at.dataframe[1].value) == len(section["by_length"])
 
 
 def test_a_run_without_long_context_says_how_to_get_one(fresh_ws):

@@ -303,9 +303,9 @@ def test_ratio_headline_adds_the_longest_length_and_the_window_baseline(result, 
 
 
 def test_window_worse_reads_the_window_baselines_verdict_only():
-    assert common.window_worse(long_context_section()) is None  # WORSE than the memory-matched one only
-    worse = long_context_section(worse_than_window=True)
-    assert common.window_worse(worse) == ("the student is WORSE than the untrained terraced window 64 + 4 sinks at "
+    assert common.window_worse(common.long_context({"long_context": long_context_section()})) is None
+    worse = common.long_context({"long_context": long_context_section(worse_than_window=True)})
+    assert common.window_worse(worse) == ("the student is worse than the untrained terraced window 64 + 4 sinks at "
                                           "4096 tokens")
 
 

@@ -102,7 +102,7 @@ def test_succeeded_conversion_has_its_figures_on_top_and_no_error_tab(seeded_ws)
 
 @pytest.mark.parametrize("section, headline, warning", [
     (long_context_section(worse_than_window=True), "ppl ratio 1.001 at 512 · 1.180 at 4096 (window 64+4: 1.100)",
-     "Long context: the student is WORSE than the untrained terraced window 64 + 4 sinks at 4096 tokens."),
+     "Long context: the student is worse than the untrained terraced window 64 + 4 sinks at 4096 tokens."),
     (long_context_section(), "ppl ratio 1.001 at 512 · 1.180 at 4096 (window 64+4: 1.450)", None),
     (None, "ppl ratio 1.001 at 512", None),
 ], ids=["worse-than-window", "beats-window", "no-long-context"])

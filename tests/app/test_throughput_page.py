@@ -197,7 +197,7 @@ def test_benchmark_settings_errors_are_shown(fresh_ws):
     at = open_page("views/throughput.py")
     widget(at, "text_input", "bench_batches").set_value("1, two").run()
     button(at, "bench_submit").click().run()
-    assert any("batch sizes: expected whole numbers" in e.value for e in at.error)
+    assert any("batch sizes takes whole numbers separated by commas" in e.value for e in at.error)
     widget(at, "text_input", "bench_batches").set_value("0").run()
     button(at, "bench_submit").click().run()
     assert any("batch_sizes must be >= 1" in e.value for e in at.error), [e.value for e in at.error]

@@ -8,7 +8,7 @@ import torch
 
 import core
 from core.config import AttentionSpec
-from core.pipeline.runs import load_converted
+from core.load import load_converted
 from kernels.hybrid.naive import window_masks
 from tests.core.attention.test_history_norm import layer_inputs
 from tests.core.attention.test_surgery import converted, rel_err

@@ -9,7 +9,7 @@ from transformers import DynamicCache
 import core
 from core.attention.layer import LolcatsAttention
 from core.config import AttentionSpec, stored_attention, stored_config
-from core.pipeline.runs import load_converted
+from core.load import load_converted
 from kernels.hybrid.naive import naive_hybrid_attention
 from kernels.hybrid.window import WindowRule
 from tests.core.attention.test_surgery import converted, left_padded_batch, positions, rel_err

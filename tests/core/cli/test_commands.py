@@ -8,6 +8,8 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from core.eval.long_context_result import LongContextResult
+
 runner = CliRunner()
 
 
@@ -62,10 +64,15 @@ def test_eval_lengths_print_the_table_with_both_baselines_and_the_verdicts(cli, 
     assert result.exit_code == 0, result.output
     section = json.loads(path.read_text())["long_context"]
     assert section["lengths"] == [64, 128] and section["sequences"] == 1
-    labels = [b["label"] for b in section["baselines"].values()]
+    result_ = LongContextResult.model_validate(section)
+    labels = [b.label for b in result_.baselines.values()]
+    verdicts = [f"{line[:1].upper()}{line[1:]}." for _, line in result_.verdict_lines()]
+    assert any("training-free frontier" in line for line in verdicts)
     text = " ".join(result.output.split())
-    for needle in ("by context length", "by position", "passkey accuracy", *labels, *section["verdict"]):
+    for needle in ("by context length", "against the training-free frontier", "by position",
+                   "passkey keys found of 1 a cell", *labels, *verdicts):
         assert needle in text, needle
+    assert "WORSE" not in text
     ratio = f"{section['by_length'][-1]['student']['ratio']:.3f}"
     assert ratio in result.output
 
@@ -73,13 +80,13 @@ def test_eval_lengths_print_the_table_with_both_baselines_and_the_verdicts(cli, 
                               "--lengths", "off", "-o", str(path), "--workspace", str(workspace)])
     assert off.exit_code == 0 and json.loads(path.read_text())["long_context"] is None
     bad = runner.invoke(cli, ["eval", str(out), "--lengths", "1k", "--workspace", str(workspace)])
-    assert bad.exit_code == 2 and "--lengths takes" in bad.output
+    assert bad.exit_code == 2 and "--lengths takes whole numbers separated by commas" in " ".join(bad.output.split())
 
 
 def test_eval_blocks_flag_is_named_after_the_config_field(cli):
     result = runner.invoke(cli, ["eval", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and "--ppl-blocks" in result.output and "--blocks" in result.output
-    assert "default: 16" in " ".join(result.output.split())  # eval.ppl_blocks' default
+    assert "default: the run's eval.ppl_blocks" in " ".join(result.output.split())
 
 
 def test_eval_has_no_preset_option(cli, converted):

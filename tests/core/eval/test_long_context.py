@@ -10,8 +10,10 @@ from torch import nn
 
 import core
 from core.config import LongContextSpec
-from core.eval.long_context import (auto_lengths, long_context_report, passkey_hit, passkey_item, resolve_lengths,
-                                    summarise, verdict)
+from core.eval.long_context import (NOISE_BLOCK, auto_lengths, frontier, frontier_windows, judge,
+                                    long_context_report, paired_margin, passkey_hit, passkey_item, resolve_lengths,
+                                    summarise)
+from core.eval.long_context_result import FRONTIER, LongContextResult
 from core.eval.metrics import teacher_context
 from core.eval.window_baseline import WindowBaseline, baselines, state_bytes, window_softmax
 from tests.core.attention.test_surgery import converted, left_padded_batch, positions, rel_err
@@ -104,8 +106,54 @@ def test_figures_by_length_and_position_are_the_ratios_of_perplexities():
     assert [(b["start"], b["end"]) for b in summary["by_position"]] == [(0, 64), (64, 256), (256, 299)]
     assert summary["by_position"][1]["student"] == pytest.approx(math.exp(0.2 * 156 / 192))
     assert summary["by_position"][2]["student"] == pytest.approx(math.exp(0.2))
-    lines = verdict(summary, {"window": "sliding window 8 + 0 sinks"})
-    assert lines == ["the student is WORSE than the untrained sliding window 8 + 0 sinks at 300 tokens"]
+    (short_v, long_v) = judge(scores, [64, 300], ["window"])
+    assert (short_v.outcome, long_v.outcome) == ("better", "worse")
+    assert short_v.margin == pytest.approx(0.0)  # a constant difference has no noise
+    assert long_v.log_diff == pytest.approx(0.2 * 199 / 299 - 0.05) and 0 < long_v.margin < long_v.log_diff
+
+
+def test_a_difference_inside_the_paired_noise_is_level_and_one_beyond_it_is_not():
+    g = torch.Generator().manual_seed(0)
+    L = 8 * NOISE_BLOCK + 1
+    teacher = torch.rand(2, L - 1, generator=g, dtype=torch.float64) * 4
+    noise = torch.randn(2, L - 1, generator=g, dtype=torch.float64) * 0.5
+    top = torch.zeros(2, L - 1, dtype=torch.long)
+    blocks = (noise[:, : L - 1].reshape(-1, NOISE_BLOCK).mean(1))
+    want = 2 * float(blocks.std() / math.sqrt(blocks.numel()))
+    assert paired_margin(noise, L) == pytest.approx(want)
+    assert paired_margin(noise[:1, :NOISE_BLOCK], NOISE_BLOCK + 1) == pytest.approx(
+        2 * float(noise[0, :NOISE_BLOCK].std() / math.sqrt(NOISE_BLOCK)))  # one block: the tokens' own error
+    centred = noise - noise.mean()
+    for shift, outcome in ((0.0, "level"), (0.3 * want, "level"), (3 * want, "worse"), (-3 * want, "better")):
+        scores = {"teacher": (teacher, top), "student": (teacher + centred + shift, top), "window": (teacher, top)}
+        (v,) = judge(scores, [L], ["window"])
+        assert v.outcome == outcome, (shift, v)
+        assert v.log_diff == pytest.approx(shift, abs=1e-12) and v.margin == pytest.approx(paired_margin(centred, L))
+
+
+def test_the_frontier_interpolates_in_log_bytes_between_the_two_nearest_windows():
+    L, kv = 129, 10
+    teacher = torch.zeros(1, L - 1, dtype=torch.float64)
+    top = torch.zeros(1, L - 1, dtype=torch.long)
+    w = {"window_12": 0.4, "memory_matched": 0.2, "window_92": 0.1}  # log ratios at 16, 40, 96 keys with 4 sinks
+    chosen = [WindowBaseline("window", "terraced", 8, 4), WindowBaseline("memory_matched", "sliding_window", 36, 4)]
+    windows = frontier_windows(chosen, [12, 36, 92, 200], L)
+    assert [(b.name, b.window) for b in windows] == [("window_12", 12), ("memory_matched", 36), ("window_92", 92)]
+    scores = {"teacher": (teacher, top), "student": (teacher + 0.15, top),
+              **{name: (teacher + v, top) for name, v in w.items()}}
+    student_bytes = 60 * kv  # between 40 and 96 keys' bytes
+    section, (verdict,) = frontier(scores, [L], windows, kv, student_bytes)
+    t = (math.log(600) - math.log(400)) / (math.log(960) - math.log(400))
+    curve = math.exp((1 - t) * 0.2 + t * 0.1)
+    assert [p["bytes_per_layer"] for p in section["points"]] == [160, 400, 960]
+    assert section["at"][0]["curve_ratio"] == pytest.approx(curve)
+    # the curve reaches the student's 0.15 halfway between 40 and 96 keys in log ratio: geometric mean of bytes
+    assert section["at"][0]["equal_quality_bytes"] == pytest.approx(math.sqrt(400 * 960))
+    # a window needs about 620 bytes for the student's quality, which holds 600: below the curve
+    assert verdict.against == FRONTIER and verdict.outcome == "better" and verdict.margin == 0.0
+    assert verdict.reference_ratio == pytest.approx(curve) and verdict.student_ratio == pytest.approx(math.exp(0.15))
+    _, (beyond,) = frontier(scores, [L], windows, kv, 5000)  # past the largest window: its ratio
+    assert beyond.reference_ratio == pytest.approx(math.exp(0.1))
 
 
 def test_auto_lengths_reach_eight_times_the_training_length_within_the_positions():
@@ -155,8 +203,21 @@ def test_a_tiny_conversion_reports_quality_by_length_against_both_baselines(tmp_
         for name in ("student", "window", "memory_matched"):
             assert math.isfinite(row[name]["ratio"]) and 0 <= row[name]["top1_agreement"] <= 1
     assert [b["end"] for b in section["by_position"]] == [64, 255]
-    assert len(section["verdict"]) == 2
-    assert section["passkey"]["accuracy"].keys() == {"teacher", "student", "window"}
+    result = LongContextResult.model_validate(section)
+    assert {(v.against, v.length) for v in result.verdicts} == {
+        (name, n) for name in ("window", "memory_matched", FRONTIER) for n in (64, 256)}
+    for v in result.verdicts:
+        assert v.margin > 0 and v.outcome == ("level" if abs(v.log_diff) <= v.margin else
+                                              "better" if v.log_diff < 0 else "worse")
+    points = result.frontier.points
+    assert [p.window for p in points] == sorted(p.window for p in points) and len(points) >= 2
+    kv = section["kv_bytes_per_token"]
+    assert all(p.bytes_per_layer == (p.window + 2) * kv and p.window + 2 < 256 for p in points)
+    assert result.frontier.student_bytes == section["state_bytes_per_layer"]
+    matched = section["baselines"]["memory_matched"]["window"]
+    on_curve = next(p for p in points if p.window == matched)
+    assert on_curve.ratios == [row["memory_matched"]["ratio"] for row in section["by_length"]]
+    assert section["passkey"]["accuracy"].keys() == {"teacher", "student", "window", "memory_matched"}
     assert len(section["passkey"]["accuracy"]["student"]) == 1
 
 

@@ -1,6 +1,6 @@
 """The export's modeling file is closed: it carries every project module the surgery reaches, binds
 every name it reads and runs without the project (no conversion needed: the file is generated
-and executed here; ``tests/core/pipeline/test_export_hf.py`` loads whole exports with it)."""
+and executed here; ``tests/core/export/test_hf.py`` loads whole exports with it)."""
 
 from __future__ import annotations
 

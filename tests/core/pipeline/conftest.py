@@ -1,10 +1,9 @@
-"""Tiny-test conversions shared by the pipeline tests: a plain finished run, and a run with its export."""
+"""A tiny-test conversion shared by the pipeline tests: a plain finished run."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.export.folder import export
 from core.progress import RecordingProgress
 from tests.tiny_runs import convert_tiny
 
@@ -21,15 +20,3 @@ def finished_run(workspace):
     progress = RecordingProgress()
     out, report = convert_tiny(workspace, progress=progress)
     return out, report, progress
-
-
-@pytest.fixture(scope="session")
-def export_workspace(tmp_path_factory):
-    return tmp_path_factory.mktemp("export-ws")
-
-
-@pytest.fixture(scope="session")
-def exported(export_workspace):
-    """``(run folder, its report, its export folder)`` of a tiny-test conversion."""
-    run, report = convert_tiny(export_workspace)
-    return run, report, export(run, export_workspace / "export", workspace=export_workspace)

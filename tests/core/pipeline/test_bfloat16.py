@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from core.eval.metrics import teacher_context
-from core.pipeline.runs import load_converted
+from core.load import load_converted
 from tests.core.attention.test_surgery import left_padded_batch, positions, rel_err
 
 pytestmark = pytest.mark.slow  # conversions and exports cast to bfloat16

@@ -13,6 +13,7 @@ import pytest
 import core
 from core.attention.surgery import is_linearized, lolcats_modules
 from core.config import BUNDLED_MODEL, preset
+from core.eval.long_context_result import LongContextResult
 
 STEPS = 2
 SEQ_LEN = 256  # four tiles of the preset's 64-token terraced window (which spans up to two): linear beyond
@@ -48,6 +49,12 @@ def test_the_bundled_model_converts_with_a_consistent_report(bundled_run):
     for stage in ("stage1", "stage2"):
         assert report["training"][stage]["steps"] == STEPS, report["training"][stage]
     assert report["data"]["seq_len"] == SEQ_LEN
+    section = LongContextResult.model_validate(report["long_context"])
+    matched = section.baselines["memory_matched"]
+    # the default frontier windows below the longest length (512 + 4 sinks covers it), and the memory-matched one
+    assert [p.window for p in section.frontier.points] == sorted([32, 128, matched.window])
+    assert section.frontier.student_bytes == section.state_bytes_per_layer
+    assert {v.against for v in section.verdicts} == {"window", "memory_matched", "frontier"}
 
 
 @pytest.mark.slow

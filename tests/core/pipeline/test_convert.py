@@ -11,7 +11,7 @@ from core.data import DataError
 from core.models import ModelLoadError
 from core.pipeline.convert import run_convert
 from core.export.folder import export
-from core.pipeline.runs import is_lolcats_tensor, load_converted
+from core.load import is_lolcats_tensor, load_converted
 from core.progress import RecordingProgress, StopRequested
 from core.train.checkpoint import CheckpointError, load_checkpoint
 from core.train.loop import OutOfMemory

@@ -50,5 +50,5 @@ def test_a_short_conversion_is_close_to_its_teacher_and_holds_at_four_times_its_
     assert [row["length"] for row in section["by_length"]] == [TRAIN_LEN, LONG]
     assert section["baselines"]["window"]["window"] == CONFIG.attention.window_size
     longest = section["by_length"][-1]
-    assert longest["student"]["ratio"] < longest["window"]["ratio"], section["verdict"]
+    assert longest["student"]["ratio"] < longest["window"]["ratio"], section["verdicts"]
     assert longest["student"]["ratio"] < 1.5, section["by_length"]  # not garbage at that length

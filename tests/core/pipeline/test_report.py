@@ -14,7 +14,7 @@ from core.config import preset
 from core.data import load_blocks
 from core.eval.metrics import passkey
 from core.models.tiny import tiny_model_dir
-from core.pipeline.runs import load_converted
+from core.load import load_converted
 from core.train.lora import base_model
 
 CONFIG = preset("tiny-test")

@@ -10,8 +10,8 @@ import core
 from core.config import ConfigError, preset
 from core.pipeline.convert import run_convert
 from core.export.folder import export
-from core.pipeline.runs import load_converted
-from core.pipeline.softmax_choice import CHOICE_FILE
+from core.load import load_converted
+from core.run_folder import CHOICE_FILE
 from core.progress import RecordingProgress, StopRequested
 from tests.tiny_runs import convert_tiny
 
@@ -108,7 +108,7 @@ def test_explicit_layers_are_reported_without_scores(finished_run):
 
 def test_older_files_name_the_score_method_score_or_layer_score(tmp_path):
     from core.pipeline.budget_table import score_name
-    from core.pipeline.softmax_choice import saved_choice
+    from core.load import saved_choice
 
     (tmp_path / CHOICE_FILE).write_text(json.dumps({"score": "mse", "budget": 1, "softmax_layers": [0],
                                                     "layer_scores": [0.5, 0.25]}))

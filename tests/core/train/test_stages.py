@@ -7,7 +7,7 @@ import torch
 import core
 from core.train.checkpoint import CheckpointError, load_checkpoint
 from core.config import Stage1Spec, Stage2Spec
-from core.pipeline.runs import is_lolcats_tensor
+from core.load import is_lolcats_tensor
 from core.progress import RecordingProgress, StopRequested
 from core.train.distill_attention import evaluate_layers, layer_losses, train_stage1
 from core.eval.metrics import teacher_context

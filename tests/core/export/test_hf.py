@@ -17,7 +17,7 @@ from core.config import preset
 from core.export.modeling import MODEL_CLASS, MODELING_FILE, modeling_source
 from core.pipeline.convert import run_convert
 from core.export.folder import export
-from core.pipeline.runs import load_converted
+from core.load import load_converted
 
 pytestmark = pytest.mark.slow  # Llama and Gemma 3 exports loaded by plain transformers
 

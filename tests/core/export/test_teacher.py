@@ -13,7 +13,7 @@ from core.eval.metrics import perplexity, teacher_context
 from core.export.teacher import TeacherUnavailableError, teacher_problem
 from core.pipeline.convert import eval_text_blocks
 from core.models import load_model
-from core.pipeline.runs import load_converted
+from core.load import load_converted
 from core.run_folder import EXPORT_CONFIG
 from tests.tiny_runs import last_logits, merged_weights_with_softmax
 

@@ -1,4 +1,6 @@
-"""Loading converted models back: from a run folder or from an exported standalone folder.
+"""Loading converted models back: from a run folder or from an exported standalone folder, and
+the base model a run starts from. It sits below the pipeline, beside evaluation, export and the
+benchmark, which all load what a run made.
 
 * Run folder (written by :func:`core.pipeline.convert.run_convert`): base model -> convert -> stage-1 best
   tensors -> the layers ``softmax_layers: auto`` chose back to softmax -> LoRA wrap -> stage-2 best tensors.
@@ -22,12 +24,44 @@ from core.train.checkpoint import CheckpointError, load_trainable, refuse_pickle
 from core.config import stored_attention, stored_config
 from core.attention.surgery import linearize
 from core.export.teacher import TEACHER_ATTRIBUTE, ExportTeacher
-from core.models import resolve_device, resolve_dtype
-from core.pipeline.prelude import load_teacher
-from core.pipeline.softmax_choice import apply_saved_choice
-from core.run_folder import CONFIG_FILE, EXPORT_CONFIG, STAGE1, STAGE2, is_export, is_run
+from core.attention.surgery import restore_softmax
+from core.config import ConvertConfig
+from core.models import check_seq_len, load_model, resolve_device, resolve_dtype
+from core.run_folder import CHOICE_FILE, CONFIG_FILE, EXPORT_CONFIG, STAGE1, STAGE2, is_export, is_run
 from core.train.finetune_lora import wrap_for_stage2
 from core.train.loop import load_best
+
+
+def load_teacher(config: ConvertConfig, workspace=None, device: str | None = None) -> tuple[nn.Module, object]:
+    """The run's base model and tokenizer, unconverted (on ``device``, default ``model.device``),
+    refused when ``data.seq_len`` exceeds its context."""
+    m = config.model
+    model, tokenizer = load_model(m.source, dtype=m.dtype, device=device or m.device, workspace=workspace,
+                                  trust_remote_code=m.trust_remote_code)
+    check_seq_len(model, config.data.seq_len)
+    return model, tokenizer
+
+
+def saved_choice(output: str | os.PathLike) -> dict | None:
+    """The softmax-layer choice a run folder keeps (core.pipeline.softmax_choice), or None when it has none."""
+    path = Path(output) / CHOICE_FILE
+    if not path.is_file():
+        return None
+    choice = json.loads(path.read_text())
+    if "score" in choice:  # written before the score method was named as the config names it
+        choice["softmax_score"] = choice.pop("score")
+    return choice
+
+
+def apply_saved_choice(model: nn.Module, config: ConvertConfig, output: str | os.PathLike) -> None:
+    """Restore the layers a finished choice kept softmax, for a run loaded back from its folder."""
+    if config.attention.softmax_layers != "auto":
+        return
+    choice = saved_choice(output)
+    if choice is None:
+        raise ValueError(f"{output} has softmax_layers 'auto' but no {CHOICE_FILE}: the run stopped before "
+                         "choosing its softmax layers; resume it")
+    restore_softmax(model, choice["softmax_layers"])
 
 
 def load_converted(path: str | os.PathLike, device: str = "auto", workspace=None,
