@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from app.charts import benchmark_figures
+from app.charts.benchmark import benchmark_figures
 
 METRICS = ("tokens_per_second", "decode_tokens_per_second", "prefill_tokens_per_second", "peak_memory_bytes",
            "time_to_first_token_s")

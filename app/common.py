@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from app.charts import RATIO_FORMAT
+from app.charts.style import RATIO_FORMAT
 from app.navigation import page
 from app.progress import PACE_METRICS, estimate_seconds, overall_progress, pace, seconds_per_unit
 from core.config import PRESET_DESCRIPTIONS, preset

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import charts, common
+from app import common
+from app.charts import attention as charts
 
 MAX_TOKENS = 256  # heatmaps are L x L per head: keep prompts short in the UI process
 # Longer than two windows of the recipe (64): inside the window the student computes exact softmax,

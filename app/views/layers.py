@@ -8,7 +8,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, common, forms
+from app import common, forms
+from app.charts import layers as charts
 from core.pipeline.budget_table import score_name
 from core.run_folder import STAGE1, STAGE2
 from jobs import api

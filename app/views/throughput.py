@@ -6,14 +6,16 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import bench_results, charts, common
+from app import bench_results, common
+from app.charts import benchmark as charts
+from app.charts.style import GIB, MEMORY_UNIT, RATIO_FORMAT
 from core.config import BUNDLED_MODEL
 from jobs import api
 from jobs.errors import JobsError
 from jobs.records import JobInfo
 
 DEFAULTS = {"batch_sizes": "1, 2, 4", "prompt_lengths": "128, 256, 512", "gen_length": 16}
-MEMORY = f"peak memory ({charts.MEMORY_UNIT})"  # the memory column of every table, in the charts' unit
+MEMORY = f"peak memory ({MEMORY_UNIT})"  # the memory column of every table, in the charts' unit
 FACTORS = ("batch_size", "context_length")  # what the charts are drawn against
 
 
@@ -74,7 +76,7 @@ def _points_table(points: list[dict]) -> pd.DataFrame:
                      "generated": p["gen_length"], "status": p["status"],
                      "tokens/s": p["tokens_per_second"], "decode tok/s": p["decode_tokens_per_second"],
                      "prefill tok/s": p["prefill_tokens_per_second"],
-                     MEMORY: p["peak_memory_bytes"] / charts.GIB if p["peak_memory_bytes"] else None})
+                     MEMORY: p["peak_memory_bytes"] / GIB if p["peak_memory_bytes"] else None})
     return pd.DataFrame(rows)
 
 
@@ -99,7 +101,7 @@ def _capacity(capacity: dict) -> None:
     st.plotly_chart(charts.capacity_figure(capacity), key="bench_capacity")
     rows = [{"context": c.get("prompt_length"), "model": model, "largest batch": found.get("largest_batch"),
              "decode tok/s": found.get("decode_tokens_per_second"),
-             MEMORY: (found.get("peak_memory_bytes") or 0) / charts.GIB or None}
+             MEMORY: (found.get("peak_memory_bytes") or 0) / GIB or None}
             for c in capacity.get("contexts", []) for model, found in c.get("models", {}).items()]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                  column_config={"decode tok/s": st.column_config.NumberColumn(format="%.2f"),
@@ -158,7 +160,7 @@ def _charts(job: JobInfo, report: dict) -> None:
                    "attention replacement is bounded by. floor / teacher is that limit; student / floor how close the "
                    "student gets to it.")
         st.dataframe(gaps, hide_index=True, width="stretch",
-                     column_config={c: st.column_config.NumberColumn(format=f"%{charts.RATIO_FORMAT}")
+                     column_config={c: st.column_config.NumberColumn(format=f"%{RATIO_FORMAT}")
                                     for c in FLOOR_COLUMNS.values()})
 
 
