@@ -146,13 +146,16 @@ def _folder_conversion(root: Path, folder: Path) -> Conversion:
                       name=where, result=None if exported else read_json_object(folder / REPORT_FILE))
 
 
-def conversions() -> list[Conversion]:
+def conversions(*, loadable: bool = True) -> list[Conversion]:
     """Every converted model in the workspace: succeeded conversion jobs (newest first), then the run
-    folders and exports made outside the workbench (:func:`_outside_folders`)."""
+    folders and exports made outside the workbench (:func:`_outside_folders`). ``loadable=False``
+    also keeps the succeeded jobs whose run folder is gone: their report, in the database, is what a
+    comparison reads."""
     root = workspace()
+    done = finished_conversions() if loadable else list_jobs(kind=CONVERT, status="succeeded")
     jobs = [Conversion(f"job:{j.id}", f"job #{j.id}", j.run_dir, j.config, name=j.name or f"#{j.id}", result=j.result,
-                       job=j) for j in finished_conversions()]
-    outside = _outside_folders(root, {c.run_dir.resolve() for c in jobs})
+                       job=j) for j in done]
+    outside = _outside_folders(root, {c.run_dir.resolve() for c in jobs if c.run_dir})
     return jobs + [_folder_conversion(root, folder) for folder in outside]
 
 

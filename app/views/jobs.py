@@ -1,18 +1,24 @@
 """Jobs: every job with its live state (from the database, so a reload or a second browser shows the
 same thing), cancel and resume, export, a new conversion from a job's config (edit and relaunch for
 a failed one), logs, the headline figures of a finished conversion, the config as YAML, and the
-error that ended a job (its tab only when there is one)."""
+error that ended a job (its tab only when there is one). Below, the finished run folders and exports
+no job made, with the same actions: export, a new conversion from the config, evaluate, delete."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 import yaml
 
 from app import common
+from app.charts.style import RATIO_FORMAT
+from app.navigation import page
 from core.config import PRESET_DESCRIPTIONS
+from core.run_folder import delete_folder
 from jobs import api
 from jobs.errors import JobsError
 from jobs.records import JobInfo
@@ -60,12 +66,13 @@ def _select(jobs: list[JobInfo]) -> JobInfo:
     return by_id[job_id]
 
 
-def _export(job: JobInfo) -> None:
-    """Queue an ``export`` job of a finished conversion (into exports/<its run folder's name>)."""
-    run = job.run_dir.relative_to(common.workspace()).as_posix()
+def _export(run_dir: Path, what: str) -> None:
+    """Queue an ``export`` job of a finished conversion's run folder (into exports/<its name>);
+    ``what`` names the conversion in the message."""
+    run = run_dir.relative_to(common.workspace()).as_posix()
     try:
         info = api.submit_job("export", {"run": run}, **common.ws())
-        st.toast(f"Export of job #{job.id} queued as job #{info.id}, into {info.config['output']}")
+        st.toast(f"Export of {what} queued as job #{info.id}, into {info.config['output']}")
     except JobsError as exc:
         st.error(str(exc))
 
@@ -91,7 +98,7 @@ def _actions(job: JobInfo) -> None:
     can_export = job.kind == common.CONVERT and job.status == "succeeded" and job.run_dir is not None
     if c3.button("Export", key=f"export_{job.id}", disabled=not can_export, icon=":material/output:",
                  help="Queue an export job: a standalone folder (LoRA merged) that plain transformers loads."):
-        _export(job)
+        _export(job.run_dir, f"job #{job.id}")
     if job.kind == common.CONVERT:
         failed = job.status in ("failed", "cancelled", "interrupted")
         if c4.button("Edit and relaunch" if failed else "New conversion from this job", key=f"relaunch_{job.id}",
@@ -254,9 +261,14 @@ def _tail(path, size: int = 12000) -> str:
 
 
 @st.fragment(run_every=common.REFRESH_S)
-def live() -> None:
+def live(folders: list[common.Conversion]) -> None:
+    """The job table and the selected job, refreshed; ``folders`` (the conversions no job made) only
+    change what an empty job list says."""
     jobs = common.list_jobs()
     if not jobs:
+        if folders:
+            st.info("No jobs yet: the conversions below were made outside the workbench.")
+            return
         st.info("No jobs yet. Launch a conversion on the Launch page, or start the demo conversion: "
                 f"{PRESET_DESCRIPTIONS[common.DEMO_PRESET]}.")
         c1, c2, _ = st.columns([1, 1, 2])
@@ -282,6 +294,60 @@ def live() -> None:
     _details(_select(jobs))
 
 
+ORIGINS = {"run": "run folder (lolcats convert)", "export": "export (lolcats export)"}
+
+
+def _folders_table(folders: list[common.Conversion]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "folder": c.name, "origin": ORIGINS.get(c.origin, c.origin),
+        "model": c.config.get("model", {}).get("source"),
+        "attention": f"{c.config.get('attention', {}).get('kind')}/{c.config.get('attention', {}).get('feature_map')}",
+        "ppl ratio": (c.result or {}).get("ppl_ratio"),
+        "modified": common.local_time(datetime.fromtimestamp(c.run_dir.stat().st_mtime, timezone.utc)),
+    } for c in folders])
+
+
+def _folder_actions(conversion: common.Conversion) -> None:
+    """What a job's actions offer, for a folder no job made: export (a run folder), a new conversion
+    from its config, evaluate, delete after a confirmation."""
+    key = conversion.key
+    c1, c2, c3, c4, _ = st.columns([1, 2, 1, 1, 1])
+    is_run = conversion.origin == "run"
+    if c1.button("Export", key=f"folder_export_{key}", disabled=not is_run, icon=":material/output:",
+                 help="Queue an export job: a standalone folder (LoRA merged) that plain transformers loads."
+                 if is_run else "This folder is an export already."):
+        _export(conversion.run_dir, conversion.name)
+    if c2.button("New conversion from its config", key=f"folder_relaunch_{key}", disabled=not conversion.config,
+                 icon=":material/edit:", help="Open the Launch page with this conversion's config in the form."):
+        common.open_in_launch(conversion.title, conversion.config)
+    if c3.button("Evaluate", key=f"folder_evaluate_{key}", icon=":material/fact_check:",
+                 help="Open the Evaluation page with this conversion picked."):
+        st.session_state["eval_conversion"] = key
+        st.switch_page(page("evaluation").script)
+    with c4.popover("Delete", icon=":material/delete:", help="Delete this folder."):
+        st.markdown(f":red[The folder `{conversion.name}` and everything in it are deleted for good.]")
+        if st.button(f"Delete {conversion.name}", key=f"folder_delete_{key}", type="primary"):
+            delete_folder(common.workspace(), conversion.run_dir)
+            st.session_state["flash"] = f"Deleted {conversion.name}."
+            st.rerun()
+
+
+def folders(found: list[common.Conversion]) -> None:
+    """The finished run folders and exports in the workspace that no job made, each with its actions."""
+    st.subheader("Conversions made outside the workbench")
+    st.caption("Finished run folders and exports in the workspace that no job wrote (the command line, or copied "
+               "in). The Layers, Attention, Chat, Evaluation and Throughput pages open them too.")
+    st.dataframe(_folders_table(found), hide_index=True, width="stretch",
+                 column_config={"ppl ratio": st.column_config.NumberColumn(format=f"%{RATIO_FORMAT}")})
+    by_key = {c.key: c for c in found}
+    chosen = st.selectbox("Folder", list(by_key), key="jobs_folder", format_func=lambda k: by_key[k].label)
+    _folder_actions(by_key[chosen])
+
+
 st.title("Jobs")
 common.show_flash()
-live()
+outside = [c for c in common.conversions() if c.job is None]
+live(outside)
+if outside:
+    st.divider()
+    folders(outside)

@@ -291,3 +291,63 @@ def test_a_run_folder_deleted_under_the_app_is_said_not_crashed(fresh_ws):
     assert {m.label: m.value for m in at.metric}["Ratio"] == "1.100"
     at.switch_page("views/attention.py").run()
     assert not at.exception and "needs a finished conversion" in texts(at)
+
+
+def _cli_run(ws, config: dict, report: dict | None = None):
+    """A finished run folder as ``lolcats convert -o runs/demo`` leaves it (no job row)."""
+    import json
+
+    run = ws / "runs" / "demo"
+    (run / "stage1").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "report.json").write_text(json.dumps(report or {"ppl_ratio": 1.25}))
+    return run
+
+
+def test_a_run_folder_no_job_made_can_be_exported_relaunched_evaluated_and_deleted(fresh_ws):
+    config = forms.preset_config("tiny-test")
+    run = _cli_run(fresh_ws, config)
+    at = open_page("views/jobs.py")
+    assert not at.exception
+    assert "No jobs yet: the conversions below were made outside the workbench." in [i.value for i in at.info]
+    table = at.dataframe[0].value
+    assert table.to_dict("records")[0] | {"modified": None} == {
+        "folder": "runs/demo", "origin": "run folder (lolcats convert)", "model": "tiny-random-llama",
+        "attention": "terraced/hedgehog", "ppl ratio": 1.25, "modified": None}
+
+    button(at, "folder_export_runs/demo").click().run()
+    assert not at.exception and not at.error
+    (export,) = api.list_jobs(workspace=fresh_ws)
+    assert (export.kind, export.config["run"], export.config["output"]) == ("export", "runs/demo", "exports/demo")
+
+    at = open_page("views/jobs.py")
+    button(at, "folder_evaluate_runs/demo").click().run()
+    assert not at.exception
+    assert at.session_state["eval_conversion"] == "runs/demo"
+
+    at = open_page("views/jobs.py")
+    button(at, "folder_relaunch_runs/demo").click().run()
+    assert not at.exception and "Based on runs/demo (run)" in texts(at).replace("**", "")
+    at.switch_page("views/launch.py").run()
+    button(at, "launch_submit").click().run()
+    queued = max(api.list_jobs(workspace=fresh_ws), key=lambda j: j.id)
+    assert queued.kind == "convert" and queued.config == config
+
+    at = open_page("views/jobs.py")
+    button(at, "folder_delete_runs/demo").click().run()
+    assert not at.exception and not run.exists() and "Deleted runs/demo." in texts(at)
+
+
+def test_an_export_no_job_made_is_listed_with_its_origin_and_cannot_be_exported_again(fresh_ws):
+    import json
+
+    export = fresh_ws / "exports" / "demo"
+    export.mkdir(parents=True)
+    (export / "lolcats.json").write_text(json.dumps({"config": forms.preset_config("tiny-test")}))
+    finished_job(fresh_ws, "convert", {"data": {"seq_len": 64}}, "done", None)
+    at = open_page("views/jobs.py")
+    assert not at.exception
+    rows = at.dataframe[1].value.to_dict("records")
+    assert [(r["folder"], r["origin"]) for r in rows] == [("exports/demo", "export (lolcats export)")]
+    assert button(at, "folder_export_exports/demo").disabled
+    assert not button(at, "folder_relaunch_exports/demo").disabled
