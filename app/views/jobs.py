@@ -66,15 +66,36 @@ def _select(jobs: list[JobInfo]) -> JobInfo:
     return by_id[job_id]
 
 
-def _export(run_dir: Path, what: str) -> None:
-    """Queue an ``export`` job of a finished conversion's run folder (into exports/<its name>);
-    ``what`` names the conversion in the message."""
-    run = run_dir.relative_to(common.workspace()).as_posix()
-    try:
-        info = api.submit_job("export", {"run": run}, **common.ws())
-        st.toast(f"Export of {what} queued as job #{info.id}, into {info.config['output']}")
-    except JobsError as exc:
-        st.error(str(exc))
+def _run_path(run_dir: Path) -> str:
+    return run_dir.relative_to(common.workspace()).as_posix()
+
+
+def _active_export(run_dir: Path) -> JobInfo | None:
+    """The export job of this run folder still queued or running, if any."""
+    run = _run_path(run_dir)
+    return next((j for j in common.list_jobs(kind=common.EXPORT, status=common.ACTIVE) if j.config.get("run") == run),
+                None)
+
+
+def _export_button(column, run_dir: Path, key: str, enabled: bool, help_text: str) -> None:
+    """The Export button of a finished conversion's run folder: it queues an ``export`` job (into
+    exports/<its name>); while that job is queued or running the button is off and says so."""
+    active = _active_export(run_dir) if enabled else None
+    if column.button("Export", key=key, disabled=not enabled or active is not None, icon=":material/output:",
+                     help=f"Export job #{active.id} is {active.status}." if active else help_text):
+        try:
+            api.submit_job("export", {"run": _run_path(run_dir)}, **common.ws())
+        except JobsError as exc:
+            st.error(str(exc))
+        else:
+            st.rerun()  # the button drawn off, and the export's state under it
+    if active is not None:
+        st.info(f"Export job #{active.id} is {active.status}, into `{active.config['output']}`: its result (the "
+                "folder, the snippet that loads it, the model card) shows on that job when it succeeds.",
+                icon=":material/output:")
+
+
+EXPORT_HELP = "Queue an export job: a standalone folder (LoRA merged) that plain transformers loads."
 
 
 def _actions(job: JobInfo) -> None:
@@ -96,9 +117,7 @@ def _actions(job: JobInfo) -> None:
         except JobsError as exc:
             st.error(str(exc))
     can_export = job.kind == common.CONVERT and job.status == "succeeded" and job.run_dir is not None
-    if c3.button("Export", key=f"export_{job.id}", disabled=not can_export, icon=":material/output:",
-                 help="Queue an export job: a standalone folder (LoRA merged) that plain transformers loads."):
-        _export(job.run_dir, f"job #{job.id}")
+    _export_button(c3, job.run_dir, f"export_{job.id}", can_export, EXPORT_HELP)
     if job.kind == common.CONVERT:
         failed = job.status in ("failed", "cancelled", "interrupted")
         if c4.button("Edit and relaunch" if failed else "New conversion from this job", key=f"relaunch_{job.id}",
@@ -162,7 +181,7 @@ def _details(job: JobInfo) -> None:
     tabs = dict(zip(names, st.tabs(names)))
     with tabs["Log"]:
         events = api.job_events(job.id, **common.ws())[-300:]
-        lines = [f"{common.local_time(e.time)} [{e.source}#{e.attempt}] {e.level.upper() if e.level != 'info' else ''}"
+        lines = [f"{common.local_time(e.time)} [{e.source}, attempt {e.attempt}] {e.level.upper() if e.level != 'info' else ''}"
                  f"{' ' if e.level != 'info' else ''}{e.message}" for e in events]
         st.code("\n".join(lines) or "(no log lines yet)", language=None)
         runner_log = job.run_dir / "runner.log" if job.run_dir else None
@@ -231,11 +250,25 @@ def _export_result(result: dict) -> None:
     st.markdown(f"**Folder** `{result['folder']}` · {common.fmt_bytes(result['bytes'])} in {len(result['files'])} files"
                 + (f" · pushed: {result['pushed']}" if result.get("pushed") else ""))
     st.code(result["load"], language="python")
+    front, body = _front_matter(result["card"])
     with st.expander("Model card (README.md)", expanded=True):
-        st.markdown(result["card"])
+        if front:
+            st.code(front, language="yaml")
+        st.markdown(body)
     with st.expander("Files"):
         st.dataframe(pd.DataFrame({"file": list(result["files"]),
                                    "size": [common.fmt_bytes(n) for n in result["files"].values()]}), hide_index=True)
+
+
+def _front_matter(card: str) -> tuple[str, str]:
+    """A model card split into its YAML front matter (between the ``---`` lines that open it; the
+    Hub reads it, Markdown would print it as loose text) and its body; no front matter: ``""``."""
+    lines = card.splitlines()
+    if lines and lines[0].strip() == "---":
+        end = next((i for i, line in enumerate(lines[1:], start=1) if line.strip() == "---"), None)
+        if end is not None:
+            return "\n".join(lines[1:end]), "\n".join(lines[end + 1:]).lstrip("\n")
+    return "", card
 
 
 def _result(job: JobInfo, result: dict) -> None:
@@ -287,19 +320,27 @@ def live(folders: list[common.Conversion]) -> None:
         column_config={
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
             "id": st.column_config.NumberColumn("id", format="%d"),
-            "error / reason": st.column_config.TextColumn("error / reason", width="large"),
+            "error / reason": st.column_config.TextColumn(  # wide only when a job has one
+                "error / reason", width="large" if any(_note(j) for j in jobs) else "small"),
         },
     )
     st.caption(f"Updated {common.local_time(common.utcnow())} · refreshes every {common.REFRESH_S:g} s")
     _details(_select(jobs))
 
 
-ORIGINS = {"run": "run folder (lolcats convert)", "export": "export (lolcats export)"}
+ORIGINS = {"run": "run folder (lolcats convert, or copied in)", "export": "export (lolcats export, or copied in)"}
+
+
+def _origin(conversion: common.Conversion, export_jobs: dict[str, int]) -> str:
+    """Where a folder came from: an export job of the workbench (its ``output``), else the command line."""
+    job_id = export_jobs.get(conversion.name) if conversion.origin == "export" else None
+    return f"export job #{job_id}" if job_id else ORIGINS.get(conversion.origin, conversion.origin)
 
 
 def _folders_table(folders: list[common.Conversion]) -> pd.DataFrame:
+    export_jobs = {j.config.get("output"): j.id for j in common.list_jobs(kind=common.EXPORT)}
     return pd.DataFrame([{
-        "folder": c.name, "origin": ORIGINS.get(c.origin, c.origin),
+        "folder": c.name, "origin": _origin(c, export_jobs),
         "model": c.config.get("model", {}).get("source"),
         "attention": f"{c.config.get('attention', {}).get('kind')}/{c.config.get('attention', {}).get('feature_map')}",
         "ppl ratio": (c.result or {}).get("ppl_ratio"),
@@ -310,13 +351,11 @@ def _folders_table(folders: list[common.Conversion]) -> pd.DataFrame:
 def _folder_actions(conversion: common.Conversion) -> None:
     """What a job's actions offer, for a folder no job made: export (a run folder), a new conversion
     from its config, evaluate, delete after a confirmation."""
-    key = conversion.key
+    key = conversion.tag
     c1, c2, c3, c4, _ = st.columns([1, 2, 1, 1, 1])
     is_run = conversion.origin == "run"
-    if c1.button("Export", key=f"folder_export_{key}", disabled=not is_run, icon=":material/output:",
-                 help="Queue an export job: a standalone folder (LoRA merged) that plain transformers loads."
-                 if is_run else "This folder is an export already."):
-        _export(conversion.run_dir, conversion.name)
+    _export_button(c1, conversion.run_dir, f"folder_export_{key}", is_run,
+                   EXPORT_HELP if is_run else "This folder is an export already.")
     if c2.button("New conversion from its config", key=f"folder_relaunch_{key}", disabled=not conversion.config,
                  icon=":material/edit:", help="Open the Launch page with this conversion's config in the form."):
         common.open_in_launch(conversion.title, conversion.config)
@@ -334,9 +373,10 @@ def _folder_actions(conversion: common.Conversion) -> None:
 
 def folders(found: list[common.Conversion]) -> None:
     """The finished run folders and exports in the workspace that no job made, each with its actions."""
-    st.subheader("Conversions made outside the workbench")
-    st.caption("Finished run folders and exports in the workspace that no job wrote (the command line, or copied "
-               "in). The Layers, Attention, Chat, Evaluation and Throughput pages open them too.")
+    st.subheader("Run folders and exports")
+    st.caption("The finished run folders and exports in the workspace besides the conversion jobs' own: made on the "
+               "command line, copied in, or written by an export job. The Layers, Attention, Chat, Evaluation and "
+               "Throughput pages open them too.")
     st.dataframe(_folders_table(found), hide_index=True, width="stretch",
                  column_config={"ppl ratio": st.column_config.NumberColumn(format=f"%{RATIO_FORMAT}")})
     by_key = {c.key: c for c in found}
