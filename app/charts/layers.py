@@ -9,6 +9,9 @@ import plotly.graph_objects as go
 
 from app.charts.style import COLORS, TEMPLATE
 
+# a log axis whose ticks all read as powers of ten (10⁻⁶, 10⁻³), not a mix of SI prefixes and decimals (1μ, 0.001)
+LOG_AXIS = {"type": "log", "exponentformat": "power", "minexponent": 0}
+
 
 def layer_curves(rows: Sequence[dict], *, log_y: bool = True, title: str = "Per-layer attention MSE") -> go.Figure:
     """One line per layer: ``rows`` are dicts with ``layer``, ``step``, ``value`` (and ``stage``)."""
@@ -26,7 +29,7 @@ def layer_curves(rows: Sequence[dict], *, log_y: bool = True, title: str = "Per-
                       legend_title_text="layer", height=420, margin={"t": 60, "b": 40})
     _integer_steps(fig, [r["step"] for r in rows])
     if log_y:
-        fig.update_yaxes(type="log")
+        fig.update_yaxes(**LOG_AXIS)
     return fig
 
 
@@ -51,7 +54,7 @@ def stage_curves(series: dict[str, Sequence[tuple[int, float]]], *, title: str, 
                       margin={"t": 60, "b": 40})
     _integer_steps(fig, [p[0] for pts in series.values() for p in pts])
     if log_y:
-        fig.update_yaxes(type="log")
+        fig.update_yaxes(**LOG_AXIS)
     return fig
 
 
@@ -67,9 +70,9 @@ def layer_bars(per_job: dict[str, Sequence[float]], softmax_layers: dict[str, It
                              text=text, hovertemplate="layer %{x}<br>MSE %{y:.3g}<extra>" + name + "</extra>"))
     fig.update_layout(title="Final per-layer attention MSE (held-out text)", template=TEMPLATE, barmode="group",
                       xaxis_title="layer", yaxis_title="attention-output MSE", height=400, margin={"t": 60, "b": 40})
-    fig.update_xaxes(dtick=1 if max((len(v) for v in per_job.values()), default=0) <= 32 else None)
+    _layer_axis(fig, max((len(v) for v in per_job.values()), default=0))
     if log_y:
-        fig.update_yaxes(type="log")
+        fig.update_yaxes(**LOG_AXIS)
     return fig
 
 
@@ -91,10 +94,16 @@ def layer_score_bars(scores: Sequence[float | None], kept: Iterable[int], score_
         hovertemplate="layer %{x}<br>" + label + " %{y:.3g}<extra></extra>", name=label))
     fig.update_layout(title=f"Layer scores after stage 1 ({label})", template=TEMPLATE, xaxis_title="layer",
                       yaxis_title=label, height=400, margin={"t": 60, "b": 40})
-    fig.update_xaxes(dtick=1 if len(scores) <= 32 else None)
+    _layer_axis(fig, len(scores))
     if log_y:
-        fig.update_yaxes(type="log")
+        fig.update_yaxes(**LOG_AXIS)
     return fig
+
+
+def _layer_axis(fig: go.Figure, layers: int) -> None:
+    """An x axis of ``layers`` layers: from layer 0 to the last (no layer -1 of padding), each one
+    ticked when there are at most 32."""
+    fig.update_xaxes(range=[-0.5, max(layers, 1) - 0.5], dtick=1 if layers <= 32 else None)
 
 
 def _ramp(t: float) -> str:
@@ -148,7 +157,7 @@ def chosen_layer_curves(train: Sequence[dict], val: Sequence[dict], layers: Sequ
                       margin={"t": 60, "b": 40})
     _integer_steps(fig, [r["step"] for r in train])
     if log_y:
-        fig.update_yaxes(type="log")
+        fig.update_yaxes(**LOG_AXIS)
     return fig
 
 
@@ -168,6 +177,6 @@ def final_layer_mse(per_job: dict[str, Sequence[float]], softmax_layers: dict[st
             hovertemplate="layer %{x}<br>MSE %{y:.3g}<extra>" + name + "</extra>"))
     fig.update_layout(title="Final per-layer attention MSE (held-out text)", template=TEMPLATE, xaxis_title="layer",
                       yaxis_title="attention-output MSE", height=400, margin={"t": 60, "b": 40})
-    fig.update_xaxes(dtick=1 if max((len(v) for v in per_job.values()), default=0) <= 32 else None)
-    fig.update_yaxes(type="log")
+    _layer_axis(fig, max((len(v) for v in per_job.values()), default=0))
+    fig.update_yaxes(**LOG_AXIS)
     return fig

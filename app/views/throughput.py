@@ -14,7 +14,17 @@ from jobs import api
 from jobs.errors import JobsError
 from jobs.records import JobInfo
 
-DEFAULTS = {"batch_sizes": "1, 2, 4", "prompt_lengths": "128, 256, 512", "gen_length": 16}
+# contexts past the length where the teacher's KV cache outgrows the student's state (a few hundred tokens
+# for the bundled model): where a converted model should win; repeats give a median, not one sample
+DEFAULTS = {"batch_sizes": "1, 2, 4", "prompt_lengths": "512, 1024, 2048", "gen_length": 16, "repeats": 3}
+HELP = {
+    "batch_sizes": "Sequences decoded together, separated by commas. The teacher's KV cache grows with batch x "
+                   "context; the student's state with the batch only.",
+    "prompt_lengths": "Prompt tokens, separated by commas. Below a few hundred tokens the teacher's KV cache is "
+                      "smaller than the student's state and softmax is cheap: the student wins at long contexts.",
+    "gen_length": "Tokens decoded after each prompt: decode tokens/s is their median step.",
+    "repeats": "Timed runs of each point; the page shows their median. One run on a busy machine is noise.",
+}
 MEMORY = f"peak memory ({MEMORY_UNIT})"  # the memory column of every table, in the charts' unit
 FACTORS = ("batch_size", "context_length")  # what the charts are drawn against
 
@@ -40,10 +50,14 @@ def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
                               format_func=lambda i: "bundled SmolLM2-135M-Instruct, recipe attention" if i is None
                               else f"as {by_id[i].label}")
         c1, c2, c3, c4 = st.columns(4)
-        batches = c1.text_input("Batch sizes", DEFAULTS["batch_sizes"], key="bench_batches")
-        contexts = c2.text_input("Context lengths", DEFAULTS["prompt_lengths"], key="bench_contexts")
-        gen = c3.number_input("Generated tokens", min_value=2, value=DEFAULTS["gen_length"], key="bench_gen")
-        repeats = c4.number_input("Repeats", min_value=1, value=1, key="bench_repeats")
+        batches = c1.text_input("Batch sizes", DEFAULTS["batch_sizes"], key="bench_batches", help=HELP["batch_sizes"])
+        contexts = c2.text_input("Context lengths", DEFAULTS["prompt_lengths"], key="bench_contexts",
+                                 help=HELP["prompt_lengths"])
+        gen = c3.number_input("Generated tokens", min_value=2, value=DEFAULTS["gen_length"], key="bench_gen",
+                              help=HELP["gen_length"])
+        repeats = c4.number_input("Repeats", min_value=1, value=DEFAULTS["repeats"], key="bench_repeats",
+                                  help=HELP["repeats"])
+        _estimate(batches, contexts, int(gen), int(repeats))
         if st.button("Launch benchmark", type="primary", key="bench_submit", icon=":material/play_arrow:"):
             try:
                 config = {"batch_sizes": _ints(batches, "batch sizes"),
@@ -67,6 +81,37 @@ def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
                 st.session_state["bench_job"] = job.id
                 st.session_state["flash"] = f"Queued benchmark job #{job.id}."
                 st.rerun()
+
+
+def _tokens(batches: list[int], contexts: list[int], gen: int, repeats: int, sweep: str = "axes") -> int:
+    """Tokens a benchmark processes per model, prompt and generated, each repeat, over its points: one
+    factor at a time around the first values (``core.bench.config.BenchConfig``'s ``axes``), or every
+    pair (``grid``)."""
+    points = ({(b, c) for b in batches for c in contexts} if sweep == "grid"
+              else {(b, contexts[0]) for b in batches} | {(batches[0], c) for c in contexts})
+    return sum(b * (length + gen) for b, length in points) * repeats
+
+
+def _estimate(batches: str, contexts: str, gen: int, repeats: int) -> None:
+    """About how long the benchmark takes: the tokens it processes at the pace of the last finished
+    benchmark (its wall time over its own tokens), or why there is no estimate."""
+    try:
+        tokens = _tokens(_ints(batches, "batch sizes"), _ints(contexts, "context lengths"), gen, repeats)
+    except ValueError:
+        return  # the launch button says what is wrong
+    for job in common.list_jobs(kind=common.BENCHMARK, status="succeeded"):
+        cfg = job.config
+        if not (job.started_at and job.finished_at and cfg.get("batch_sizes") and cfg.get("prompt_lengths")):
+            continue
+        done = _tokens(cfg["batch_sizes"], cfg["prompt_lengths"], max(cfg.get("gen_lengths") or [0]),
+                       cfg.get("repeats") or 1, cfg.get("sweep") or "axes")
+        seconds = (job.finished_at - job.started_at).total_seconds() * tokens / max(done, 1)
+        st.caption(f"About {common.fmt_duration(seconds)}: {tokens:,} tokens a model, at the pace of benchmark job "
+                   f"#{job.id} ({common.fmt_duration((job.finished_at - job.started_at).total_seconds())} for "
+                   f"{done:,}; longer contexts cost the teacher more than their share).")
+        return
+    st.caption(f"{tokens:,} tokens a model. No finished benchmark to time it by yet: a first small one (batch 1, "
+               "contexts 512, 1 repeat) takes a few minutes with the bundled model on CPU.")
 
 
 def _points_table(points: list[dict]) -> pd.DataFrame:
@@ -132,6 +177,9 @@ def _charts(job: JobInfo, report: dict) -> None:
     if ooms:
         st.warning("Out of memory at: " + ", ".join(
             f"{p['model']} batch {p['batch_size']} context {p['context_length']}" for p in ooms))
+    busy = bench_results.contention_warning(report)
+    if busy:
+        st.warning(busy, icon=":material/speed:")
     note = bench_results.timing_note(report)
     if note:
         st.caption(note)

@@ -241,6 +241,7 @@ def test_a_conversion_opens_in_the_launch_form(fresh_ws, status, label):
     assert widget(at, "number_input", "launch_attention.window_size").value == 8
     at.switch_page("views/launch.py").run()  # AppTest follows st.switch_page for one run only
     assert widget(at, "number_input", "launch_attention.window_size").value == 8
+    assert [s.value for s in at.selectbox if (s.key or "").startswith("launchpreset_")] == ["tiny-test"]
     button(at, "launch_submit").click().run()
     queued = max(api.list_jobs(workspace=fresh_ws), key=lambda j: j.id)
     assert queued.id != job and queued.config == config
@@ -341,7 +342,8 @@ def test_a_run_folder_no_job_made_can_be_exported_relaunched_evaluated_and_delet
     at = open_page("views/jobs.py")
     button(at, "folder_evaluate_runs-demo").click().run()
     assert not at.exception
-    assert at.session_state["eval_conversion"] == "runs/demo"
+    at.switch_page("views/evaluation.py").run()
+    assert not at.exception and widget(at, "selectbox", "eval_conversion").value == "runs/demo"
 
     at = open_page("views/jobs.py")
     button(at, "folder_relaunch_runs-demo").click().run()

@@ -53,3 +53,17 @@ def test_layer_score_bars_mark_the_kept_layers_and_skip_null_scores():
     linear = charts.layer_score_bars([0.25, 0.5], [], "mse", log_y=False)
     assert linear.layout.yaxis.type != "log" and "normalised attention-output MSE" in linear.layout.yaxis.title.text
     assert list(linear.data[0].text) == ["", ""]
+
+
+def test_log_axes_tick_powers_of_ten_and_layer_axes_start_at_layer_0():
+    rows = [{"layer": 0, "step": 1, "value": 1e-6}, {"layer": 1, "step": 1, "value": 1e-3}]
+    figures = [charts.layer_curves(rows), charts.final_layer_mse({"#1": [1e-6, 1e-3, 0.5]}),
+               charts.layer_bars({"#1": [1e-6, 1e-3]}), charts.layer_score_bars([1e-6, 1e-3], [], "kl"),
+               charts.chosen_layer_curves(rows, [], [0, 1]), charts.stage_curves({"mse": [(1, 1e-6)]}, title="t",
+                                                                               y_title="MSE", log_y=True)]
+    for fig in figures:
+        assert (fig.layout.yaxis.type, fig.layout.yaxis.exponentformat, fig.layout.yaxis.minexponent) == \
+            ("log", "power", 0)
+    assert list(charts.final_layer_mse({"#1": [1e-6, 1e-3, 0.5]}).layout.xaxis.range) == [-0.5, 2.5]
+    assert list(charts.layer_bars({"#1": [1e-6, 1e-3]}).layout.xaxis.range) == [-0.5, 1.5]
+    assert list(charts.layer_score_bars([1e-6, 1e-3], [], "kl").layout.xaxis.range) == [-0.5, 1.5]
