@@ -77,18 +77,25 @@ def _active_export(run_dir: Path) -> JobInfo | None:
                 None)
 
 
+def _queue_export(run_dir: Path, key: str) -> None:
+    """The Export button's callback (before the page is drawn, so the button is drawn off at once):
+    queue an ``export`` job of the run folder; a refusal is kept for the page to show."""
+    try:
+        api.submit_job("export", {"run": _run_path(run_dir)}, **common.ws())
+    except JobsError as exc:
+        st.session_state[f"{key}_refused"] = str(exc)
+
+
 def _export_button(column, run_dir: Path, key: str, enabled: bool, help_text: str) -> None:
     """The Export button of a finished conversion's run folder: it queues an ``export`` job (into
     exports/<its name>); while that job is queued or running the button is off and says so."""
     active = _active_export(run_dir) if enabled else None
-    if column.button("Export", key=key, disabled=not enabled or active is not None, icon=":material/output:",
-                     help=f"Export job #{active.id} is {active.status}." if active else help_text):
-        try:
-            api.submit_job("export", {"run": _run_path(run_dir)}, **common.ws())
-        except JobsError as exc:
-            st.error(str(exc))
-        else:
-            st.rerun()  # the button drawn off, and the export's state under it
+    column.button("Export", key=key, disabled=not enabled or active is not None, icon=":material/output:",
+                  help=f"Export job #{active.id} is {active.status}." if active else help_text,
+                  on_click=_queue_export, args=(run_dir, key))
+    refused = st.session_state.pop(f"{key}_refused", None)
+    if refused:
+        st.error(refused)
     if active is not None:
         st.info(f"Export job #{active.id} is {active.status}, into `{active.config['output']}`: its result (the "
                 "folder, the snippet that loads it, the model card) shows on that job when it succeeds.",
