@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from app.charts import benchmark_figures
+from app.charts.benchmark import benchmark_figures
 
 METRICS = ("tokens_per_second", "decode_tokens_per_second", "prefill_tokens_per_second", "peak_memory_bytes",
            "time_to_first_token_s")
@@ -106,6 +106,31 @@ def timing_note(report: Any) -> str | None:
     return (f"Each point is timed {timed}, {before}. Prefill and decode are timed separately: prefill tokens/s from "
             "the time to the first token, decode tokens/s from the median decode step. Peak memory is the largest "
             "over the timed runs.")
+
+
+BUSY_PRESSURE = 0.2  # share of the run's wall time during which some task waited for a CPU
+
+
+def contention_warning(report: Any) -> str | None:
+    """A warning when the machine was busy while the benchmark ran, from its ``environment``: a load
+    average (at the start or the end) above the cores, or CPU pressure above :data:`BUSY_PRESSURE`;
+    None on a quiet machine or a report that recorded neither."""
+    env = report.get("environment") if isinstance(report, dict) else None
+    if not isinstance(env, dict):
+        return None
+    cores = _int(env.get("cpu_count"))
+    loads = [v[0] for v in (env.get("load_average_start"), env.get("load_average_end"))
+             if isinstance(v, list) and v and isinstance(v[0], (int, float))]
+    pressure = env.get("cpu_pressure")
+    busy_load = bool(cores and loads and max(loads) > cores)
+    busy_cpu = isinstance(pressure, (int, float)) and pressure > BUSY_PRESSURE
+    if not (busy_load or busy_cpu):
+        return None
+    said = [f"load {max(loads):.1f} on {cores} cores" if busy_load else "",
+            f"other tasks waited for a CPU {pressure:.0%} of the time" if busy_cpu else ""]
+    return (f"The machine was busy while this benchmark ran ({'; '.join(s for s in said if s)}): the points measure "
+            "the contention as much as the models, and differences of tens of percent can be noise. Run it again "
+            "on a quiet machine, with repeats.")
 
 
 def _s(n: int) -> str:

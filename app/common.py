@@ -19,9 +19,10 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from app.charts import RATIO_FORMAT
+from app.charts.style import RATIO_FORMAT
 from app.navigation import page
-from app.progress import PACE_METRICS, estimate_seconds, overall_progress, pace, seconds_per_unit
+from app.progress import (PACE_METRICS, estimate_seconds, overall_progress, pace, seconds_per_unit,
+                          seconds_per_unit_from_timings)
 from core.config import PRESET_DESCRIPTIONS, preset
 from core.eval.long_context_result import WINDOW, LongContextResult, read_long_context
 from core.io import read_json_object
@@ -145,13 +146,16 @@ def _folder_conversion(root: Path, folder: Path) -> Conversion:
                       name=where, result=None if exported else read_json_object(folder / REPORT_FILE))
 
 
-def conversions() -> list[Conversion]:
+def conversions(*, loadable: bool = True) -> list[Conversion]:
     """Every converted model in the workspace: succeeded conversion jobs (newest first), then the run
-    folders and exports made outside the workbench (:func:`_outside_folders`)."""
+    folders and exports made outside the workbench (:func:`_outside_folders`). ``loadable=False``
+    also keeps the succeeded jobs whose run folder is gone: their report, in the database, is what a
+    comparison reads."""
     root = workspace()
+    done = finished_conversions() if loadable else list_jobs(kind=CONVERT, status="succeeded")
     jobs = [Conversion(f"job:{j.id}", f"job #{j.id}", j.run_dir, j.config, name=j.name or f"#{j.id}", result=j.result,
-                       job=j) for j in finished_conversions()]
-    outside = _outside_folders(root, {c.run_dir.resolve() for c in jobs})
+                       job=j) for j in done]
+    outside = _outside_folders(root, {c.run_dir.resolve() for c in jobs if c.run_dir})
     return jobs + [_folder_conversion(root, folder) for folder in outside]
 
 
@@ -340,19 +344,28 @@ def _unit_seconds(job_id: int, root: str, config_json: str) -> float | None:
     return seconds_per_unit(json.loads(config_json), _pace_points(job_id, root))
 
 
-def wall_time_estimate(config: dict) -> tuple[float, JobInfo] | None:
-    """(seconds, the job it is measured from): how long the phases of a conversion with ``config``
-    take here, at the pace of the newest finished conversion of the same model and dtype, scaled by
-    the blocks' length; None when no such conversion has run in this workspace."""
-    model = config["model"]
+def wall_time_estimate(config: dict) -> tuple[float, str] | None:
+    """(seconds, what they are measured from: ``job #7``, ``runs/demo (run)``): how long the phases
+    of a conversion with ``config`` take here, at the pace of the newest finished conversion job of
+    the same model and dtype (its steps' times), else of a run folder made outside the workbench
+    (its report's timings), scaled by the blocks' length; None when no such conversion is here."""
+    def same_model(theirs: dict) -> bool:
+        model = theirs.get("model", {})
+        return (model.get("source"), model.get("dtype")) == (config["model"]["source"], config["model"]["dtype"])
+
+    def scaled(per_unit: float, theirs: dict) -> float:
+        return estimate_seconds(config, per_unit * config["data"]["seq_len"] / theirs["data"]["seq_len"])
+
     for job in list_jobs(kind=CONVERT, status="succeeded"):
-        theirs = job.config.get("model", {})
-        if (theirs.get("source"), theirs.get("dtype")) != (model["source"], model["dtype"]):
-            continue
-        per_unit = _unit_seconds(job.id, str(workspace()), json.dumps(job.config, sort_keys=True))
-        if per_unit is not None:
-            scale = config["data"]["seq_len"] / job.config["data"]["seq_len"]
-            return estimate_seconds(config, per_unit * scale), job
+        if same_model(job.config):
+            per_unit = _unit_seconds(job.id, str(workspace()), json.dumps(job.config, sort_keys=True))
+            if per_unit is not None:
+                return scaled(per_unit, job.config), f"job #{job.id}"
+    for run in conversions():
+        if run.job is None and run.origin == "run" and same_model(run.config):
+            per_unit = seconds_per_unit_from_timings(run.config, (run.result or {}).get("timings") or {})
+            if per_unit is not None:
+                return scaled(per_unit, run.config), run.title
     return None
 
 

@@ -60,6 +60,14 @@ def preset_config(name: str) -> dict[str, Any]:
     return ConvertConfig.model_validate(overrides).model_dump()
 
 
+def closest_preset(config: dict[str, Any]) -> str:
+    """The preset whose form shows the most of ``config``'s values (the first such, in
+    :func:`preset_names` order): what the preset box names when the form holds a loaded config."""
+    shown = form_values(config)
+    return max(preset_names(), key=lambda name: sum(
+        value == shown.get(field) for field, value in form_values(preset_config(name)).items()))
+
+
 def _model_choice(source: str) -> tuple[str, str]:
     if source.lower() == BUNDLED_MODEL:
         return "bundled", ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -55,6 +56,16 @@ class Answer:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def memory_crossover(teacher_cache_bytes: int, cached_tokens: int, student_cache_bytes: int) -> int | None:
+    """The context length (tokens) at which the teacher's KV cache, which grows by the same number of
+    bytes with every token, passes the student's recurrent state + window cache, which stays the same
+    size once the window is full: ``student bytes / (teacher bytes / cached tokens)``, rounded up.
+    None when either size is unknown or nothing was cached."""
+    if not (teacher_cache_bytes and cached_tokens and student_cache_bytes):
+        return None
+    return math.ceil(student_cache_bytes * cached_tokens / teacher_cache_bytes)
 
 
 def context_limit(model) -> int | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from core.pipeline.phases import Phase, conversion_phases, unlisted_phases
+from core.run_folder import STAGE1, STAGE2, TEACHER_EVAL
 from jobs.kinds import CONVERT
 from jobs.records import JobInfo, MetricPoint
 
@@ -87,9 +88,25 @@ def seconds_per_unit(config: dict, points: list[MetricPoint]) -> float | None:
     return rates[len(rates) // 2] if rates else None
 
 
+# the report.json ``timings`` of the phases timed on their own (the student's evaluation shares its
+# time with the long-context one)
+TIMED_PHASES = {TEACHER_EVAL: "teacher_eval_s", STAGE1: "stage1_s", STAGE2: "stage2_s"}
+
+
+def seconds_per_unit_from_timings(config: dict, timings: dict) -> float | None:
+    """Seconds per cost unit of a finished conversion from its report's ``timings``: a run made
+    outside the job system, whose steps are not in the database. The median over the phases timed
+    on their own (:data:`TIMED_PHASES`), or None when none was."""
+    rates = sorted(timings[key] / (p.steps * p.cost) for p in conversion_phases(config)
+                   if (key := TIMED_PHASES.get(p.stage)) and isinstance(timings.get(key), (int, float))
+                   and p.steps * p.cost > 0)
+    return rates[len(rates) // 2] if rates else None
+
+
 def estimate_seconds(config: dict, per_unit: float) -> float:
     """Seconds the listed phases of a conversion with ``config`` take at ``per_unit`` seconds per cost unit."""
     return sum(p.steps * p.cost for p in conversion_phases(config)) * per_unit
 
 
-__all__ = ["PACE_METRICS", "Overall", "estimate_seconds", "overall_progress", "pace", "seconds_per_unit", "stage_pace"]
+__all__ = ["PACE_METRICS", "Overall", "estimate_seconds", "overall_progress", "pace", "seconds_per_unit",
+           "seconds_per_unit_from_timings", "stage_pace"]

@@ -14,7 +14,8 @@ import streamlit as st  # noqa: E402
 
 from app.navigation import PAGES, sections  # noqa: E402
 
-st.set_page_config(page_title="LoLCATs Workbench", page_icon=":material/science:", layout="wide")
+# an emoji icon is drawn in the browser (a data: URL); a Material one would be fetched from a font server
+st.set_page_config(page_title="LoLCATs Workbench", page_icon="🧪", layout="wide")
 
 menu = {
     section: [st.Page(p.script, title=p.title, icon=p.icon, default=p is PAGES[0]) for p in pages]

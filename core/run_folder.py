@@ -10,7 +10,10 @@ plain transformers loads, marked by ``lolcats.json`` (:data:`EXPORT_CONFIG`).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
+
+from core.workspace import safe_child
 
 CONFIG_FILE = "config.json"
 REPORT_FILE = "report.json"
@@ -63,7 +66,18 @@ def is_export(path: str | os.PathLike) -> bool:
     return (Path(path) / EXPORT_CONFIG).is_file()
 
 
+def delete_folder(root: str | os.PathLike, folder: str | os.PathLike) -> None:
+    """Delete a run folder or an export made outside the job system (``lolcats convert -o``,
+    ``lolcats export``, a folder copied in) from the workspace ``root``; a job's run folder goes with
+    its job (``jobs.api.delete_job``). ``ValueError`` for a folder outside ``root`` or one that is
+    neither a run folder nor an export, so nothing else is ever removed."""
+    path = safe_child(Path(root), folder)
+    if path == Path(root).resolve() or not (is_run(path) or is_export(path)):
+        raise ValueError(f"{folder} is not a run folder or an export in {root}; nothing was deleted")
+    shutil.rmtree(path)
+
+
 __all__ = ["BENCH", "CHOICE_FILE", "CONFIG_FILE", "EVAL_FILE", "EXPORT_CONFIG", "LONG_CONTEXT", "LONG_CONTEXT_PASSKEY", "REPORT_FILE",
            "TASKS_FILE", "TASK_CACHE_DIR", "TEACHER_FILE",
            "RunFolderGoneError", "STAGE1", "STAGE2", "STAGE_DIRS", "STAGE_LABELS", "STUDENT_EVAL", "STUDENT_TASKS",
-           "STUDENT_VAL", "TEACHER_EVAL", "TEACHER_TASKS", "check_intact", "is_export", "is_run"]
+           "STUDENT_VAL", "TEACHER_EVAL", "TEACHER_TASKS", "check_intact", "delete_folder", "is_export", "is_run"]

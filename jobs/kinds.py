@@ -367,7 +367,7 @@ def run_export_job(config: ExportConfig, run_dir: Path, progress) -> dict:
     out = Path.cwd() / config.output
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    export(Path.cwd() / config.run, partial, workspace=Path.cwd())
+    export(Path.cwd() / config.run, partial, workspace=Path.cwd(), name=out.name)
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
     files = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}

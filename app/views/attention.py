@@ -10,7 +10,10 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import charts, common
+from app import common
+from app.charts import attention as charts
+from core.io import read_json_object
+from core.run_folder import REPORT_FILE
 
 MAX_TOKENS = 256  # heatmaps are L x L per head: keep prompts short in the UI process
 # Longer than two windows of the recipe (64): inside the window the student computes exact softmax,
@@ -57,6 +60,16 @@ def _layers_info(job) -> tuple[int, list[int]]:
     return n, kept
 
 
+def _worst_layer(job, kept: list[int]) -> int | None:
+    """The converted layer with the highest final attention MSE in the conversion's report (where
+    the student departs most from the teacher), None without one."""
+    result = job.result or read_json_object(job.run_dir / REPORT_FILE)
+    mse = (result or {}).get("per_layer_mse")
+    scored = [(v, i) for i, v in enumerate(mse if isinstance(mse, list) else [])
+              if i not in kept and isinstance(v, (int, float))]
+    return max(scored)[1] if scored else None
+
+
 def _window_note(job, n_tokens: int, converted: bool) -> None:
     """Where teacher and student can differ: only on keys older than the softmax window."""
     attn = job.config.get("attention", {})
@@ -92,8 +105,12 @@ def main() -> None:
     prompt = st.text_area("Prompt", value=DEFAULT_PROMPT, key="attention_prompt", height=110,
                           help=f"Short prompts only: the first {MAX_TOKENS} tokens are shown.")
     c1, c2, c3 = st.columns([2, 2, 2])
-    layer = c1.selectbox("Layer", list(range(n_layers)), key="attention_layer",
-                         format_func=lambda i: f"layer {i}" + (" (kept as softmax)" if i in kept else ""))
+    worst = _worst_layer(job, kept)
+    layer = c1.selectbox("Layer", list(range(n_layers)), key=f"attention_layer~{job.tag}", index=worst or 0,
+                         format_func=lambda i: f"layer {i}" + (" (kept as softmax)" if i in kept else "")
+                         + (" (highest final MSE)" if i == worst else ""),
+                         help="Opens on the converted layer with the highest final attention MSE: where the "
+                              "student departs most from the teacher.")
     scale = c3.radio("Colour scale", ["linear", "log"], horizontal=True, key="attention_scale",
                      help="log: attention sinks (the first token) no longer dominate the colours")
     if not prompt.strip():

@@ -8,7 +8,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, common
+from app import common
+from app.charts import layers as charts
+from app.charts.style import RATIO_FORMAT
 from core.config import PRESETS, preset
 from core.lists import comma_ints
 from core.pipeline.budget_spec import BudgetSweepConfig
@@ -57,7 +59,7 @@ def _table(result: dict) -> pd.DataFrame:
 def _sweep(job: JobInfo, result: dict) -> None:
     st.plotly_chart(tradeoff_figure(result), key=f"budgets_tradeoff_{job.id}")
     st.dataframe(_table(result), hide_index=True, width="stretch",
-                 column_config={"ppl ratio": st.column_config.NumberColumn(format=f"%{charts.RATIO_FORMAT}")})
+                 column_config={"ppl ratio": st.column_config.NumberColumn(format=f"%{RATIO_FORMAT}")})
     scores = result.get("layer_scores") or []
     if scores:
         kept = max(result["rows"], key=lambda r: r["budget"])["softmax_layers"]

@@ -6,6 +6,8 @@ Works while a conversion runs: it reads the finished run folder and never touche
 
 from __future__ import annotations
 
+import os
+
 import streamlit as st
 
 from app import common, generation
@@ -18,8 +20,34 @@ TIMING_NOTE = (
     "Times are wall-clock seconds of each model's own generation, one model after the other on this machine. "
     f"Before the first timed answer both models generated {generation.WARM_UP_TOKENS} tokens untimed, so neither "
     "time includes start-up costs (kernel compilation, memory allocation). \"First token\" includes reading the "
-    "whole prompt; tok/s counts every new token over the whole answer."
+    "whole prompt; tok/s counts every new token over the whole answer. Each time is one run, not an average: on a "
+    "busy machine the same answer can take several times longer a moment later (the Throughput page repeats its "
+    "measurements and reports their spread)."
 )
+
+
+def _memory_note(ex: dict) -> None:
+    """The two memory figures in context: the teacher's KV cache grows with the context, the
+    student's state stays the same size, and where the two meet (:func:`app.generation.memory_crossover`)."""
+    teacher, student = ex.get("teacher") or {}, ex.get("student") or {}
+    cached = ex.get("prompt_tokens", 0) + teacher.get("new_tokens", 0)
+    crossover = generation.memory_crossover(teacher.get("cache_bytes"), cached, student.get("cache_bytes"))
+    if crossover is None:
+        return
+    per_token = common.fmt_bytes(teacher["cache_bytes"] / cached)
+    where = ("so for this short exchange the teacher's is still the smaller" if cached < crossover
+             else "so here the student's is already the smaller")
+    st.caption(f"Memory: the teacher's KV cache grows by {per_token} with every token ({cached} tokens here); the "
+            f"student's recurrent state + window cache stays the same size however long the context. The teacher's "
+            f"passes the student's at about {crossover} tokens, {where}.")
+
+
+def _busy_warning() -> None:
+    """A warning when the machine's load exceeds its cores: the times then measure the crowd."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cores:
+        st.warning(f"This machine is busy (load {load:.1f} on {cores} cores): these times are noisy, and one "
+                   "answer can take several times longer than the same answer later.", icon=":material/speed:")
 
 
 def _stats(who: str, a: dict) -> str:
@@ -58,6 +86,7 @@ def _show_exchange(ex: dict) -> None:
     for col, who in zip(cols, ("teacher", "student")):
         with col:
             _show_answer(who, ex[who])
+    _memory_note(ex)
 
 
 def _settings(limit: int | None) -> tuple[generation.Settings, int]:
@@ -155,6 +184,8 @@ def main() -> None:
             else:
                 exchange[who] = _answer_live(lm, prepared, who, settings)
     history.append(exchange)
+    _memory_note(exchange)
+    _busy_warning()
     st.caption(TIMING_NOTE)
 
 

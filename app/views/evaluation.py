@@ -12,7 +12,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, common, long_context_charts
+from app import common
+from app.charts import evaluation as charts
+from app.charts import long_context as long_context_charts
+from app.charts.style import RATIO_FORMAT
 from core.eval.long_context_result import LongContextResult
 from core.io import read_json_object
 from core.run_folder import EVAL_FILE
@@ -110,7 +113,7 @@ def _compare(sources: list[tuple[JobInfo, dict[str, dict]]]) -> None:
                "bars ±1 standard error. diff is student − teacher on the same items, with its 95% paired-bootstrap "
                "interval: an interval that excludes 0 is a real change.")
     st.dataframe(_table(runs), hide_index=True, width="stretch",
-                 column_config={"retention": st.column_config.NumberColumn(format=f"%{charts.RATIO_FORMAT}")})
+                 column_config={"retention": st.column_config.NumberColumn(format=f"%{RATIO_FORMAT}")})
 
 
 def _long_context_sources(job: common.Conversion) -> list[tuple[str, LongContextResult]]:

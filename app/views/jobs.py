@@ -1,18 +1,24 @@
 """Jobs: every job with its live state (from the database, so a reload or a second browser shows the
 same thing), cancel and resume, export, a new conversion from a job's config (edit and relaunch for
 a failed one), logs, the headline figures of a finished conversion, the config as YAML, and the
-error that ended a job (its tab only when there is one)."""
+error that ended a job (its tab only when there is one). Below, the finished run folders and exports
+no job made, with the same actions: export, a new conversion from the config, evaluate, delete."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 import yaml
 
 from app import common
+from app.charts.style import RATIO_FORMAT
+from app.navigation import page
 from core.config import PRESET_DESCRIPTIONS
+from core.run_folder import delete_folder
 from jobs import api
 from jobs.errors import JobsError
 from jobs.records import JobInfo
@@ -60,14 +66,43 @@ def _select(jobs: list[JobInfo]) -> JobInfo:
     return by_id[job_id]
 
 
-def _export(job: JobInfo) -> None:
-    """Queue an ``export`` job of a finished conversion (into exports/<its run folder's name>)."""
-    run = job.run_dir.relative_to(common.workspace()).as_posix()
+def _run_path(run_dir: Path) -> str:
+    return run_dir.relative_to(common.workspace()).as_posix()
+
+
+def _active_export(run_dir: Path) -> JobInfo | None:
+    """The export job of this run folder still queued or running, if any."""
+    run = _run_path(run_dir)
+    return next((j for j in common.list_jobs(kind=common.EXPORT, status=common.ACTIVE) if j.config.get("run") == run),
+                None)
+
+
+def _queue_export(run_dir: Path, key: str) -> None:
+    """The Export button's callback (before the page is drawn, so the button is drawn off at once):
+    queue an ``export`` job of the run folder; a refusal is kept for the page to show."""
     try:
-        info = api.submit_job(common.EXPORT, {"run": run}, **common.ws())
-        st.toast(f"Export of job #{job.id} queued as job #{info.id}, into {info.config['output']}")
+        api.submit_job(common.EXPORT, {"run": _run_path(run_dir)}, **common.ws())
     except JobsError as exc:
-        st.error(str(exc))
+        st.session_state[f"{key}_refused"] = str(exc)
+
+
+def _export_button(column, run_dir: Path, key: str, enabled: bool, help_text: str) -> None:
+    """The Export button of a finished conversion's run folder: it queues an ``export`` job (into
+    exports/<its name>); while that job is queued or running the button is off and says so."""
+    active = _active_export(run_dir) if enabled else None
+    column.button("Export", key=key, disabled=not enabled or active is not None, icon=":material/output:",
+                  help=f"Export job #{active.id} is {active.status}." if active else help_text,
+                  on_click=_queue_export, args=(run_dir, key))
+    refused = st.session_state.pop(f"{key}_refused", None)
+    if refused:
+        st.error(refused)
+    if active is not None:
+        st.info(f"Export job #{active.id} is {active.status}, into `{active.config['output']}`: its result (the "
+                "folder, the snippet that loads it, the model card) shows on that job when it succeeds.",
+                icon=":material/output:")
+
+
+EXPORT_HELP = "Queue an export job: a standalone folder (LoRA merged) that plain transformers loads."
 
 
 def _actions(job: JobInfo) -> None:
@@ -89,9 +124,7 @@ def _actions(job: JobInfo) -> None:
         except JobsError as exc:
             st.error(str(exc))
     can_export = job.kind == common.CONVERT and job.status == "succeeded" and job.run_dir is not None
-    if c3.button("Export", key=f"export_{job.id}", disabled=not can_export, icon=":material/output:",
-                 help="Queue an export job: a standalone folder (LoRA merged) that plain transformers loads."):
-        _export(job)
+    _export_button(c3, job.run_dir, f"export_{job.id}", can_export, EXPORT_HELP)
     if job.kind == common.CONVERT:
         failed = job.status in ("failed", "cancelled", "interrupted")
         if c4.button("Edit and relaunch" if failed else "New conversion from this job", key=f"relaunch_{job.id}",
@@ -155,7 +188,7 @@ def _details(job: JobInfo) -> None:
     tabs = dict(zip(names, st.tabs(names)))
     with tabs["Log"]:
         events = api.job_events(job.id, **common.ws())[-300:]
-        lines = [f"{common.local_time(e.time)} [{e.source}#{e.attempt}] {e.level.upper() if e.level != 'info' else ''}"
+        lines = [f"{common.local_time(e.time)} [{e.source}, attempt {e.attempt}] {e.level.upper() if e.level != 'info' else ''}"
                  f"{' ' if e.level != 'info' else ''}{e.message}" for e in events]
         st.code("\n".join(lines) or "(no log lines yet)", language=None)
         runner_log = job.run_dir / "runner.log" if job.run_dir else None
@@ -224,11 +257,25 @@ def _export_result(result: dict) -> None:
     st.markdown(f"**Folder** `{result['folder']}` · {common.fmt_bytes(result['bytes'])} in {len(result['files'])} files"
                 + (f" · pushed: {result['pushed']}" if result.get("pushed") else ""))
     st.code(result["load"], language="python")
+    front, body = _front_matter(result["card"])
     with st.expander("Model card (README.md)", expanded=True):
-        st.markdown(result["card"])
+        if front:
+            st.code(front, language="yaml")
+        st.markdown(body)
     with st.expander("Files"):
         st.dataframe(pd.DataFrame({"file": list(result["files"]),
                                    "size": [common.fmt_bytes(n) for n in result["files"].values()]}), hide_index=True)
+
+
+def _front_matter(card: str) -> tuple[str, str]:
+    """A model card split into its YAML front matter (between the ``---`` lines that open it; the
+    Hub reads it, Markdown would print it as loose text) and its body; no front matter: ``""``."""
+    lines = card.splitlines()
+    if lines and lines[0].strip() == "---":
+        end = next((i for i, line in enumerate(lines[1:], start=1) if line.strip() == "---"), None)
+        if end is not None:
+            return "\n".join(lines[1:end]), "\n".join(lines[end + 1:]).lstrip("\n")
+    return "", card
 
 
 def _result(job: JobInfo, result: dict) -> None:
@@ -254,9 +301,14 @@ def _tail(path, size: int = 12000) -> str:
 
 
 @st.fragment(run_every=common.REFRESH_S)
-def live() -> None:
+def live(folders: list[common.Conversion]) -> None:
+    """The job table and the selected job, refreshed; ``folders`` (the conversions no job made) only
+    change what an empty job list says."""
     jobs = common.list_jobs()
     if not jobs:
+        if folders:
+            st.info("No jobs yet: the conversions below were made outside the workbench.")
+            return
         st.info("No jobs yet. Launch a conversion on the Launch page, or start the demo conversion: "
                 f"{PRESET_DESCRIPTIONS[common.DEMO_PRESET]}.")
         c1, c2, _ = st.columns([1, 1, 2])
@@ -275,13 +327,74 @@ def live() -> None:
         column_config={
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
             "id": st.column_config.NumberColumn("id", format="%d"),
-            "error / reason": st.column_config.TextColumn("error / reason", width="large"),
+            "error / reason": st.column_config.TextColumn(  # wide only when a job has one
+                "error / reason", width="large" if any(_note(j) for j in jobs) else "small"),
         },
     )
     st.caption(f"Updated {common.local_time(common.utcnow())} · refreshes every {common.REFRESH_S:g} s")
     _details(_select(jobs))
 
 
+ORIGINS = {"run": "run folder (lolcats convert, or copied in)", "export": "export (lolcats export, or copied in)"}
+
+
+def _origin(conversion: common.Conversion, export_jobs: dict[str, int]) -> str:
+    """Where a folder came from: an export job of the workbench (its ``output``), else the command line."""
+    job_id = export_jobs.get(conversion.name) if conversion.origin == "export" else None
+    return f"export job #{job_id}" if job_id else ORIGINS.get(conversion.origin, conversion.origin)
+
+
+def _folders_table(folders: list[common.Conversion]) -> pd.DataFrame:
+    export_jobs = {j.config.get("output"): j.id for j in common.list_jobs(kind=common.EXPORT)}
+    return pd.DataFrame([{
+        "folder": c.name, "origin": _origin(c, export_jobs),
+        "model": c.config.get("model", {}).get("source"),
+        "attention": f"{c.config.get('attention', {}).get('kind')}/{c.config.get('attention', {}).get('feature_map')}",
+        "ppl ratio": (c.result or {}).get("ppl_ratio"),
+        "modified": common.local_time(datetime.fromtimestamp(c.run_dir.stat().st_mtime, timezone.utc)),
+    } for c in folders])
+
+
+def _folder_actions(conversion: common.Conversion) -> None:
+    """What a job's actions offer, for a folder no job made: export (a run folder), a new conversion
+    from its config, evaluate, delete after a confirmation."""
+    key = conversion.tag
+    c1, c2, c3, c4, _ = st.columns([1, 2, 1, 1, 1])
+    is_run = conversion.origin == "run"
+    _export_button(c1, conversion.run_dir, f"folder_export_{key}", is_run,
+                   EXPORT_HELP if is_run else "This folder is an export already.")
+    if c2.button("New conversion from its config", key=f"folder_relaunch_{key}", disabled=not conversion.config,
+                 icon=":material/edit:", help="Open the Launch page with this conversion's config in the form."):
+        common.open_in_launch(conversion.title, conversion.config)
+    if c3.button("Evaluate", key=f"folder_evaluate_{key}", icon=":material/fact_check:",
+                 help="Open the Evaluation page with this conversion picked."):
+        st.session_state["eval_conversion"] = key
+        st.switch_page(page("evaluation").script)
+    with c4.popover("Delete", icon=":material/delete:", help="Delete this folder."):
+        st.markdown(f":red[The folder `{conversion.name}` and everything in it are deleted for good.]")
+        if st.button(f"Delete {conversion.name}", key=f"folder_delete_{key}", type="primary"):
+            delete_folder(common.workspace(), conversion.run_dir)
+            st.session_state["flash"] = f"Deleted {conversion.name}."
+            st.rerun()
+
+
+def folders(found: list[common.Conversion]) -> None:
+    """The finished run folders and exports in the workspace that no job made, each with its actions."""
+    st.subheader("Run folders and exports")
+    st.caption("The finished run folders and exports in the workspace besides the conversion jobs' own: made on the "
+               "command line, copied in, or written by an export job. The Layers, Attention, Chat, Evaluation and "
+               "Throughput pages open them too.")
+    st.dataframe(_folders_table(found), hide_index=True, width="stretch",
+                 column_config={"ppl ratio": st.column_config.NumberColumn(format=f"%{RATIO_FORMAT}")})
+    by_key = {c.key: c for c in found}
+    chosen = st.selectbox("Folder", list(by_key), key="jobs_folder", format_func=lambda k: by_key[k].label)
+    _folder_actions(by_key[chosen])
+
+
 st.title("Jobs")
 common.show_flash()
-live()
+outside = [c for c in common.conversions() if c.job is None]
+live(outside)
+if outside:
+    st.divider()
+    folders(outside)

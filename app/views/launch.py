@@ -91,7 +91,9 @@ def _pick_preset(box: str) -> None:
 
 
 def _use_base(label: str, config: dict) -> None:
+    """Fill the form from a whole loaded config; the preset box names the preset nearest to it."""
     st.session_state[_BASE] = {"label": label, "config": config}
+    st.session_state[P + "preset"] = forms.closest_preset(config)
     _show(config)
 
 
@@ -280,11 +282,11 @@ def _estimate(config: dict) -> str:
     if found is None:
         return (f"- wall time: no estimate yet (no conversion of {config['model']['source']} in "
                 f"{config['model']['dtype']} has finished in this workspace)")
-    seconds, job = found
+    seconds, measured = found
     extra = unlisted_phases(config)
     then = f", plus {extra}" if extra else ""
     return (f"- wall time: about **{common.fmt_duration(seconds)}** for the training and perplexity phases (model "
-            f"loading aside) at the pace job #{job.id} measured here{then}")
+            f"loading aside) at the pace {measured} measured here{then}")
 
 
 def _panel(config: dict | None, problems: list[tuple[str, str]]) -> None:

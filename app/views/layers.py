@@ -8,7 +8,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, common, forms
+from app import common, forms
+from app.charts import layers as charts
 from core.pipeline.budget_table import score_name
 from core.run_folder import STAGE1, STAGE2
 from jobs import api
@@ -153,33 +154,39 @@ def _converted_mean(mse: list | None, kept: list[int]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _compare(jobs: list[JobInfo]) -> None:
-    done = [j for j in jobs if j.status == "succeeded"]
-    if len(done) < 2:
+def _compare_label(conversion: common.Conversion) -> str:
+    """``#7 tiny-test`` for a job's conversion, ``runs/demo (run)`` for a folder no job made."""
+    return f"#{conversion.job.id} {conversion.job.name or ''}".strip() if conversion.job else conversion.title
+
+
+def _compare(conversions: list[common.Conversion]) -> None:
+    """Every finished conversion (the jobs' and the folders no job made) side by side."""
+    by_key = {c.key: c for c in conversions}
+    if len(by_key) < 2:
         st.caption("Comparing conversions needs at least two finished ones.")
         return
-    by_id = {j.id: j for j in done}
-    chosen = st.multiselect("Conversions to compare", list(by_id), default=list(by_id)[:3], key="layers_compare",
-                            format_func=lambda i: common.job_label(by_id[i]))
+    chosen = st.multiselect("Conversions to compare", list(by_key), default=list(by_key)[:3], key="layers_compare",
+                            format_func=lambda k: _compare_label(by_key[k]))
     if not chosen:
         return
     bars, kept, rows, curves = {}, {}, [], {}
-    for job_id in chosen:
-        job = by_id[job_id]
-        result = common.report(job) or {}
-        label = f"#{job.id} {job.name or ''}".strip()
-        kept[label] = common.softmax_layers(job, result)
+    for key in chosen:
+        conversion = by_key[key]
+        result = (common.report(conversion.job) if conversion.job else conversion.result) or {}
+        label = _compare_label(conversion)
+        kept[label] = common.softmax_layers(conversion, result)
         if isinstance(result.get("per_layer_mse"), list):
             bars[label] = result["per_layer_mse"]
-        attn = job.config.get("attention", {})
-        rows.append({"job": label, "model": job.config.get("model", {}).get("source"),
+        attn = conversion.config.get("attention", {})
+        rows.append({"conversion": label, "model": conversion.config.get("model", {}).get("source"),
                      "attention": f"{attn.get('kind')}/{attn.get('feature_map')}",
                      "window": attn.get("window_size"), "softmax layers": ", ".join(map(str, kept[label])) or "none",
                      "teacher ppl": result.get("teacher_ppl"), "student ppl": result.get("student_ppl"),
                      "ratio": result.get("ppl_ratio"), "mean layer MSE": _converted_mean(bars.get(label), kept[label])})
-        val = [(p.step, p.value) for p in common.latest_attempt(api.job_metrics(job.id, name="val_mse", stage=STAGE1,
-                                                                                **common.ws()))
-               if p.layer is None and p.value is not None]
+        val = [] if conversion.job is None else [
+            (p.step, p.value) for p in common.latest_attempt(api.job_metrics(conversion.job.id, name="val_mse",
+                                                                             stage=STAGE1, **common.ws()))
+            if p.layer is None and p.value is not None]
         if val:
             curves[label] = val
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
@@ -212,4 +219,4 @@ else:
         _job_view(selected.id)
     st.divider()
     st.subheader("Compare conversions")
-    _compare(jobs)
+    _compare(common.conversions(loadable=False))

@@ -6,15 +6,27 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import bench_results, charts, common
+from app import bench_results, common
+from app.charts import benchmark as charts
+from app.charts.style import GIB, MEMORY_UNIT, RATIO_FORMAT
 from core.config import BUNDLED_MODEL
 from core.lists import comma_ints
 from jobs import api
 from jobs.errors import JobsError
 from jobs.records import JobInfo
 
-DEFAULTS = {"batch_sizes": "1, 2, 4", "prompt_lengths": "128, 256, 512", "gen_length": 16}
-MEMORY = f"peak memory ({charts.MEMORY_UNIT})"  # the memory column of every table, in the charts' unit
+# contexts past the length where the teacher's KV cache outgrows the student's state (a few hundred tokens
+# for the bundled model): where a converted model should win; repeats give a median, not one sample
+DEFAULTS = {"batch_sizes": "1, 2, 4", "prompt_lengths": "512, 1024, 2048", "gen_length": 16, "repeats": 3}
+HELP = {
+    "batch_sizes": "Sequences decoded together, separated by commas. The teacher's KV cache grows with batch x "
+                   "context; the student's state with the batch only.",
+    "prompt_lengths": "Prompt tokens, separated by commas. Below a few hundred tokens the teacher's KV cache is "
+                      "smaller than the student's state and softmax is cheap: the student wins at long contexts.",
+    "gen_length": "Tokens decoded after each prompt: decode tokens/s is their median step.",
+    "repeats": "Timed runs of each point; the page shows their median. One run on a busy machine is noise.",
+}
+MEMORY = f"peak memory ({MEMORY_UNIT})"  # the memory column of every table, in the charts' unit
 FACTORS = ("batch_size", "context_length")  # what the charts are drawn against
 
 
@@ -36,10 +48,14 @@ def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
                               format_func=lambda i: "bundled SmolLM2-135M-Instruct, recipe attention" if i is None
                               else f"as {by_id[i].label}")
         c1, c2, c3, c4 = st.columns(4)
-        batches = c1.text_input("Batch sizes", DEFAULTS["batch_sizes"], key="bench_batches")
-        contexts = c2.text_input("Context lengths", DEFAULTS["prompt_lengths"], key="bench_contexts")
-        gen = c3.number_input("Generated tokens", min_value=2, value=DEFAULTS["gen_length"], key="bench_gen")
-        repeats = c4.number_input("Repeats", min_value=1, value=1, key="bench_repeats")
+        batches = c1.text_input("Batch sizes", DEFAULTS["batch_sizes"], key="bench_batches", help=HELP["batch_sizes"])
+        contexts = c2.text_input("Context lengths", DEFAULTS["prompt_lengths"], key="bench_contexts",
+                                 help=HELP["prompt_lengths"])
+        gen = c3.number_input("Generated tokens", min_value=2, value=DEFAULTS["gen_length"], key="bench_gen",
+                              help=HELP["gen_length"])
+        repeats = c4.number_input("Repeats", min_value=1, value=DEFAULTS["repeats"], key="bench_repeats",
+                                  help=HELP["repeats"])
+        _estimate(batches, contexts, int(gen), int(repeats))
         if st.button("Launch benchmark", type="primary", key="bench_submit", icon=":material/play_arrow:"):
             try:
                 config = {"batch_sizes": _ints(batches, "batch sizes"),
@@ -65,6 +81,37 @@ def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
                 st.rerun()
 
 
+def _tokens(batches: list[int], contexts: list[int], gen: int, repeats: int, sweep: str = "axes") -> int:
+    """Tokens a benchmark processes per model, prompt and generated, each repeat, over its points: one
+    factor at a time around the first values (``core.bench.config.BenchConfig``'s ``axes``), or every
+    pair (``grid``)."""
+    points = ({(b, c) for b in batches for c in contexts} if sweep == "grid"
+              else {(b, contexts[0]) for b in batches} | {(batches[0], c) for c in contexts})
+    return sum(b * (length + gen) for b, length in points) * repeats
+
+
+def _estimate(batches: str, contexts: str, gen: int, repeats: int) -> None:
+    """About how long the benchmark takes: the tokens it processes at the pace of the last finished
+    benchmark (its wall time over its own tokens), or why there is no estimate."""
+    try:
+        tokens = _tokens(_ints(batches, "batch sizes"), _ints(contexts, "context lengths"), gen, repeats)
+    except ValueError:
+        return  # the launch button says what is wrong
+    for job in common.list_jobs(kind=common.BENCHMARK, status="succeeded"):
+        cfg = job.config
+        if not (job.started_at and job.finished_at and cfg.get("batch_sizes") and cfg.get("prompt_lengths")):
+            continue
+        done = _tokens(cfg["batch_sizes"], cfg["prompt_lengths"], max(cfg.get("gen_lengths") or [0]),
+                       cfg.get("repeats") or 1, cfg.get("sweep") or "axes")
+        seconds = (job.finished_at - job.started_at).total_seconds() * tokens / max(done, 1)
+        st.caption(f"About {common.fmt_duration(seconds)}: {tokens:,} tokens a model, at the pace of benchmark job "
+                   f"#{job.id} ({common.fmt_duration((job.finished_at - job.started_at).total_seconds())} for "
+                   f"{done:,}; longer contexts cost the teacher more than their share).")
+        return
+    st.caption(f"{tokens:,} tokens a model. No finished benchmark to time it by yet: a first small one (batch 1, "
+               "contexts 512, 1 repeat) takes a few minutes with the bundled model on CPU.")
+
+
 def _points_table(points: list[dict]) -> pd.DataFrame:
     rows = []
     for p in points:
@@ -72,7 +119,7 @@ def _points_table(points: list[dict]) -> pd.DataFrame:
                      "generated": p["gen_length"], "status": p["status"],
                      "tokens/s": p["tokens_per_second"], "decode tok/s": p["decode_tokens_per_second"],
                      "prefill tok/s": p["prefill_tokens_per_second"],
-                     MEMORY: p["peak_memory_bytes"] / charts.GIB if p["peak_memory_bytes"] else None})
+                     MEMORY: p["peak_memory_bytes"] / GIB if p["peak_memory_bytes"] else None})
     return pd.DataFrame(rows)
 
 
@@ -97,7 +144,7 @@ def _capacity(capacity: dict) -> None:
     st.plotly_chart(charts.capacity_figure(capacity), key="bench_capacity")
     rows = [{"context": c.get("prompt_length"), "model": model, "largest batch": found.get("largest_batch"),
              "decode tok/s": found.get("decode_tokens_per_second"),
-             MEMORY: (found.get("peak_memory_bytes") or 0) / charts.GIB or None}
+             MEMORY: (found.get("peak_memory_bytes") or 0) / GIB or None}
             for c in capacity.get("contexts", []) for model, found in c.get("models", {}).items()]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                  column_config={"decode tok/s": st.column_config.NumberColumn(format="%.2f"),
@@ -128,6 +175,9 @@ def _charts(job: JobInfo, report: dict) -> None:
     if ooms:
         st.warning("Out of memory at: " + ", ".join(
             f"{p['model']} batch {p['batch_size']} context {p['context_length']}" for p in ooms))
+    busy = bench_results.contention_warning(report)
+    if busy:
+        st.warning(busy, icon=":material/speed:")
     note = bench_results.timing_note(report)
     if note:
         st.caption(note)
@@ -156,7 +206,7 @@ def _charts(job: JobInfo, report: dict) -> None:
                    "attention replacement is bounded by. floor / teacher is that limit; student / floor how close the "
                    "student gets to it.")
         st.dataframe(gaps, hide_index=True, width="stretch",
-                     column_config={c: st.column_config.NumberColumn(format=f"%{charts.RATIO_FORMAT}")
+                     column_config={c: st.column_config.NumberColumn(format=f"%{RATIO_FORMAT}")
                                     for c in FLOOR_COLUMNS.values()})
 
 

@@ -22,13 +22,14 @@ from core.run_folder import CONFIG_FILE, EXPORT_CONFIG
 from core.train.lora import merge_lora
 
 
-def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=None) -> Path:
+def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=None, name: str | None = None) -> Path:
     """Write a standalone folder with LoRA merged; :func:`load_converted` reads it back.
 
     ``lolcats.json`` holds the attention spec, the run's config and its base model
     (:func:`core.export.teacher.base_model_metadata`), which teacher comparisons load; the
     folder also carries its modeling code (:func:`write_modeling_code`) and its model card
-    (:func:`core.export.card.model_card`)."""
+    (:func:`core.export.card.model_card`), which calls the export ``name``: the folder's name unless
+    given (a folder written under a temporary name and renamed after passes its final name)."""
     model, tokenizer, info = load_converted(run_dir, device="cpu", workspace=workspace)
     config = stored_config(info["config"])
     model = merge_lora(model)
@@ -41,7 +42,7 @@ def export(run_dir: str | os.PathLike, out_dir: str | os.PathLike, workspace=Non
             "base_model": base_model_metadata(config.model.model_dump(), model),
             "config": config.model_dump(), "source_run": str(Path(run_dir).resolve())}
     (out / EXPORT_CONFIG).write_text(json.dumps(meta, indent=2))
-    (out / CARD_FILE).write_text(model_card(Path(run_dir), meta["base_model"], meta["attention"], out.name))
+    (out / CARD_FILE).write_text(model_card(Path(run_dir), meta["base_model"], meta["attention"], name or out.name))
     return out
 
 

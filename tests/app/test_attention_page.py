@@ -38,7 +38,7 @@ def test_heatmaps_of_a_finished_conversion(seeded_ws):
     assert np.nansum(teacher, axis=1) == pytest.approx(np.ones(n), abs=1e-4)  # softmax rows
     assert np.nansum(student, axis=1) == pytest.approx(np.ones(n), abs=1e-3)  # LoLCATs rows are normalised too
     assert diff[lower] == pytest.approx(np.abs(student - teacher)[lower], abs=1e-6)
-    assert [t["coloraxis"] for t in fig["data"]] == ["coloraxis"] * 3  # one shared colour scale
+    assert [t["coloraxis"] for t in fig["data"]] == ["coloraxis", "coloraxis", "coloraxis2"]  # weights, difference
     # terraced window of 16 (tiny-test): queries before 2 tiles see every key through exact softmax, so
     # teacher and student agree there; later queries give older keys to the linear part and differ
     assert n > 32
@@ -46,6 +46,19 @@ def test_heatmaps_of_a_finished_conversion(seeded_ws):
     assert "differ only from query 32 on" in texts(at)
     assert fig["layout"]["title"]["text"] == "Layer 1, head 2"
     assert "Mean |difference|" in texts(at)
+
+
+def test_opens_on_the_layer_with_the_highest_final_mse(seeded_ws):
+    from jobs import api
+
+    mse = api.job_report(seeded_ws.conversion_sw, workspace=seeded_ws.workspace)["per_layer_mse"]
+    worst = max(i for i, v in enumerate(mse) if v == max(v for v in mse if v is not None))
+    at = open_page("views/attention.py")
+    widget(at, "selectbox", "attention_conversion").set_value(f"job:{seeded_ws.conversion_sw}").run()
+    assert not at.exception
+    layer = widget(at, "selectbox", "attention_layer")
+    assert layer.value == worst and layer.format_func(worst).endswith("(highest final MSE)")
+    assert _heatmaps(at)["layout"]["title"]["text"].startswith(f"Layer {worst},")
 
 
 def test_log_scale_and_all_heads(seeded_ws):

@@ -17,6 +17,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -26,6 +27,7 @@ from tests.app.serving import PROJECT_ROOT, AppProcess
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1500, "height": 1000}
 ARTIFACTS = Path(os.environ.get("LOLCATS_ARTIFACTS_DIR") or PROJECT_ROOT / "tmp" / "artifacts") / "e2e"
 SCREENSHOT = PROJECT_ROOT / "docs" / "screenshot.png"
 CONVERSION_TIMEOUT_S = 150
@@ -59,7 +61,19 @@ def running_app(workspace):
 
 
 @pytest.fixture
-def page(running_app, request):
+def requests_made() -> list[str]:
+    """The URL of every request the browser made for the page, in order."""
+    return []
+
+
+def _left_the_machine(urls: list[str]) -> list[str]:
+    """The requests to anywhere but this machine (data: and blob: URLs are no requests)."""
+    return [u for u in urls if urlsplit(u).scheme not in ("data", "blob")
+            and urlsplit(u).hostname not in ("127.0.0.1", "localhost")]
+
+
+@pytest.fixture
+def page(running_app, request, requests_made):
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -67,8 +81,9 @@ def page(running_app, request):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            pg = browser.new_page(viewport={"width": 1500, "height": 1000})
+            pg = browser.new_page(viewport=VIEWPORT)
             pg.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            pg.on("request", lambda r: requests_made.append(r.url))
             pg.set_default_timeout(60_000)
             yield pg
         finally:  # what the page showed last: the first thing to read when a step timed out
@@ -78,11 +93,30 @@ def page(running_app, request):
             browser.close()
 
 
+# the tallest of the panes that scroll (the main one, or the app view around it), at least the document's
+MAIN_PANE_HEIGHT = ("() => Math.max(document.documentElement.scrollHeight, ...['stMain', 'stAppViewContainer']"
+                    ".map(id => document.querySelector(`[data-testid=\"${id}\"]`)?.scrollHeight || 0))")
+
+
 def _shot(page, name: str) -> Path:
+    """A screenshot of the whole page: Streamlit scrolls inside its main pane, not the document, so
+    the viewport grows to the pane's height for the shot (``full_page`` alone keeps the visible part)."""
     path = ARTIFACTS / f"{name}.png"
     page.wait_for_timeout(800)  # let plotly finish its transitions
-    page.screenshot(path=str(path), full_page=True)
+    height = page.evaluate(MAIN_PANE_HEIGHT)
+    page.set_viewport_size({**VIEWPORT, "height": max(VIEWPORT["height"], height)})
+    page.wait_for_timeout(300)
+    try:
+        page.screenshot(path=str(path), full_page=True)
+    finally:
+        page.set_viewport_size(VIEWPORT)
+    assert _png_height(path) >= height, (name, height)
     return path
+
+
+def _png_height(path: Path) -> int:
+    """The height in pixels of a PNG (its IHDR chunk, bytes 20-24)."""
+    return int.from_bytes(path.read_bytes()[20:24], "big")
 
 
 def _goto(page, title: str) -> None:
@@ -95,13 +129,13 @@ def _idle(page, timeout: float = 60_000) -> None:
     page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
 
 
-def _select(page, label: str, option: str) -> None:
+def _select(page, label: str, option: str | re.Pattern) -> None:
     page.get_by_test_id("stSelectbox").filter(has_text=label).first.click()
     page.get_by_role("option", name=option, exact=True).click()
     _idle(page)
 
 
-def test_launch_watch_inspect_and_chat(page, running_app, workspace):
+def test_launch_watch_inspect_and_chat(page, running_app, workspace, requests_made):
     url = running_app.url
     t0 = time.monotonic()
     page.goto(url)
@@ -137,7 +171,7 @@ def test_launch_watch_inspect_and_chat(page, running_app, workspace):
     _goto(page, "Attention")
     page.get_by_text("Mean |difference|").wait_for(timeout=120_000)
     page.locator(".js-plotly-plot").first.wait_for()
-    _select(page, "Layer", "layer 1")
+    _select(page, "Layer", re.compile(r"^layer 1( |$)"))  # "layer 1 (highest final MSE)" where it is
     page.get_by_test_id("stRadio").filter(has_text="Colour scale").get_by_text("log", exact=True).click()
     page.get_by_text("log10 weight").first.wait_for()  # the colour bar of the log scale
     _shot(page, "4-attention")
@@ -160,6 +194,11 @@ def test_launch_watch_inspect_and_chat(page, running_app, workspace):
         shutil.copy(chat, SCREENSHOT)
     _export_and_reuse(page, workspace, job.id)
     _cli_run_on_the_attention_page(page, workspace, job.id)
+    _cli_run_exported_from_the_jobs_page(page, workspace)
+    for title in ("Evaluation", "Budgets", "Throughput"):  # the pages not opened above
+        _goto(page, title)
+        _idle(page)
+    assert requests_made and _left_the_machine(requests_made) == []  # the app works offline
     print(f"end-to-end flow in {time.monotonic() - t0:.0f} s; screenshots in {ARTIFACTS}")
 
 
@@ -215,6 +254,33 @@ def _cli_run_on_the_attention_page(page, workspace, job_id: int) -> None:
     _shot(page, "7-cli-run-attention")
 
 
+def _cli_run_exported_from_the_jobs_page(page, workspace) -> None:
+    """The run folder made outside the workbench is on the Jobs page with its origin; exported from
+    there, its model card is titled and loaded by the export's own name."""
+    _goto(page, "Jobs")
+    page.get_by_text("run folder (lolcats convert, or copied in)").first.wait_for()
+    _select(page, "Folder", "runs/cli-demo (run) · tiny-random-llama · terraced/hedgehog")
+    page.locator(".st-key-folder_export_runs-cli-demo button").click()
+    page.get_by_text(re.compile(r"Export job #\d+ is (queued|running), into exports/cli-demo")).first.wait_for()
+    export = None
+    deadline = time.monotonic() + CONVERSION_TIMEOUT_S
+    while export is None or export.status not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline, "the export job did not finish"
+        time.sleep(0.5)
+        export = next((j for j in api.list_jobs(kind="export", workspace=workspace)
+                       if j.config["run"] == "runs/cli-demo"), None)
+    assert export.status == "succeeded", export.error
+    page.get_by_test_id("stSelectbox").filter(has_text="Job").first.click()
+    page.get_by_role("option").filter(has_text=re.compile(rf"^#{export.id} ")).click()
+    _idle(page)
+    page.get_by_role("tab", name="Result").click()
+    page.get_by_role("heading", name=re.compile(r"^cli-demo: LoLCATs conversion of")).wait_for()
+    card = page.get_by_test_id("stExpander").filter(has_text="Model card (README.md)").first.inner_text()
+    assert 'from_pretrained("cli-demo", trust_remote_code=True)' in card and ".partial" not in card
+    assert "library_name: transformers" in card  # the front matter, shown as YAML
+    _shot(page, "8-cli-run-export-card")
+
+
 def _seconds(text: str) -> float:
     """Seconds of a duration as the pages write it (``1h 02m``, ``3m 05s``, ``42s``)."""
     units = {"h": 3600, "m": 60, "s": 1}
@@ -236,7 +302,7 @@ def test_overall_progress_cancel_and_resume(page, running_app, workspace):
     _goto(page, "Jobs")
     page.get_by_text(re.compile(r"Overall \d+%")).first.wait_for(timeout=120_000)
     page.get_by_text(re.compile(rf"stage 1: attention transfer: step \d+/{steps}")).first.wait_for()
-    _shot(page, "8-overall-progress")
+    _shot(page, "9-overall-progress")
 
     def running_past(step: int, attempt: int):
         info = api.get_job(job_id, workspace=workspace)
@@ -270,5 +336,5 @@ def test_overall_progress_cancel_and_resume(page, running_app, workspace):
     per_step = pace([p for p in rows if p.step <= shown_step])[0]
     expected = (steps - shown_step) * per_step
     assert expected / 2 <= shown <= expected * 2, (text, expected)  # not the pace of all steps since the start
-    _shot(page, "9-resumed")
+    _shot(page, "10-resumed")
     api.cancel_job(job_id, workspace=workspace)

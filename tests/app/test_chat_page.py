@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -39,6 +40,11 @@ def test_both_models_answer_with_speed_and_memory(seeded_ws):
     assert STATS.search(student).group(1) == "12" and "state + window cache" in student
     body = texts(at)
     assert "Teacher · softmax attention" in body and "Student · LoLCATs attention" in body
+    (exchange,) = at.session_state["chat_history"][str(seeded_ws.workspace / "runs" / str(seeded_ws.conversion))]
+    cached = exchange["prompt_tokens"] + 12
+    crossover = math.ceil(exchange["student"]["cache_bytes"] * cached / exchange["teacher"]["cache_bytes"])
+    assert f"({cached} tokens here)" in body and f"passes the student's at about {crossover} tokens" in body
+    assert "Each time is one run, not an average" in body
     at.run()  # the exchange stays on the page
     assert len(_answers(at)) == 2
     _send(at, "And three plus three?")

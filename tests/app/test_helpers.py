@@ -1,17 +1,15 @@
-"""The workbench's pure helpers: launch form <-> config, benchmark reports, charts, chat prompts."""
+"""The workbench's pure helpers: launch form <-> config, benchmark reports, chat prompts."""
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-from app import bench_results, charts, common, forms
+from app import bench_results, common, forms
 from core.config import build_config
 from tests.long_context_report import long_context_section
 
@@ -158,109 +156,6 @@ def test_native_figures_fall_back_on_foreign_reports():
     assert bench_results.native_figures({"points": [{"variant": "teacher", "batch": 1}]}) is None
 
 
-def test_throughput_figure_one_line_per_model():
-    pts = bench_results.normalise({"points": [
-        {"model": m, "batch_size": b, "prompt_length": 64, "gen_length": 4, "tokens_per_second": t * b,
-         "peak_memory_bytes": 2**30 * b}
-        for m, t in (("teacher", 10.0), ("student", 20.0)) for b in (1, 2, 4)]
-        + [{"model": "teacher", "batch_size": 8, "prompt_length": 64, "gen_length": 4, "status": "oom"}]})
-    fig = charts.throughput_figure(pts, "batch_size", "tokens_per_second")
-    lines = {t.name: (list(t.x), list(t.y)) for t in fig.data}
-    assert lines == {"teacher (context=64, gen=4)": ([1, 2, 4], [10.0, 20.0, 40.0]),
-                     "student (context=64, gen=4)": ([1, 2, 4], [20.0, 40.0, 80.0])}
-    mem = charts.throughput_figure(pts, "batch_size", "peak_memory_bytes")
-    assert list(mem.data[0].y) == [1.0, 2.0, 4.0]  # GiB
-    assert mem.layout.yaxis.title.text.endswith("(GiB)")
-
-
-# ---------------------------------------------------------------------------------------------- heatmaps
-
-
-def test_causal_mask_blanks_future_keys():
-    m = charts.causal(np.ones((4, 4)))
-    assert np.isnan(m[np.triu_indices(4, k=1)]).all()
-    assert (m[np.tril_indices(4)] == 1).all()
-
-
-def test_heatmaps_share_one_colour_scale():
-    rng = np.random.default_rng(0)
-    t = np.tril(rng.random((5, 5)))
-    t /= t.sum(-1, keepdims=True)
-    s = np.tril(rng.random((5, 5)))
-    s /= s.sum(-1, keepdims=True)
-    fig = charts.attention_heatmaps(t, s, ["<s>", " a", " a", "\n", "b"])
-    assert [tr.coloraxis for tr in fig.data] == ["coloraxis"] * 3
-    assert fig.layout.coloraxis.cmin == 0 and fig.layout.coloraxis.cmax == pytest.approx(max(t.max(), s.max()))
-    assert list(fig.data[0].x) == ["0 <s>", "1 ␣a", "2 ␣a", "3 \\n", "4 b"]  # unique labels
-    diff = np.array(fig.data[2].z, dtype=float)
-    assert np.allclose(diff[np.tril_indices(5)], np.abs(s - t)[np.tril_indices(5)])
-    log = charts.attention_heatmaps(t, s, list("abcde"), log=True)
-    assert log.layout.coloraxis.cmin == pytest.approx(math.log10(charts.LOG_FLOOR))
-    assert np.array(log.data[0].z, dtype=float)[0, 0] == pytest.approx(0.0)  # log10(1)
-
-
-def test_heatmap_axes_show_each_tokens_text(tmp_path):
-    from core.models import bundled_tokenizer, token_texts
-
-    tokenizer = bundled_tokenizer(tmp_path)
-    ids = tokenizer("é🐈 sat\ton\nthe  mat")["input_ids"]
-    m = np.tril(np.ones((len(ids), len(ids))))
-    fig = charts.attention_heatmaps(m, m, token_texts(tokenizer, ids))
-    assert list(fig.data[0].x) == list(fig.data[0].y) == [
-        "0 é", "1 <0xF0><0x9F>", "2 <0x90>", "3 <0x88>", "4 ␣sat", "5 \\t", "6 on", "7 \\n", "8 the", "9 ␣",
-        "10 ␣mat"]
-
-
-def test_layer_curves_and_bars():
-    rows = [{"layer": layer, "step": step, "value": 1.0 / (step + layer)} for layer in (0, 1) for step in (2, 4)]
-    fig = charts.layer_curves(rows)
-    assert [t.name for t in fig.data] == ["layer 0", "layer 1"] and list(fig.data[1].y) == [1 / 3, 1 / 5]
-    bars = charts.layer_bars({"#1": [0.5, 0.0, 0.25]}, {"#1": [1]})
-    assert list(bars.data[0].y) == [0.5, None, 0.25] and list(bars.data[0].text) == ["", "softmax", ""]
-    nulls = charts.layer_bars({"#1": [0.5, None, 0.0, 0.25]}, {"#1": [1, 2]})
-    assert list(nulls.data[0].y) == [0.5, None, None, 0.25]
-
-
-def test_layer_step_heatmap_labels_every_layer_and_leaves_missing_cells_blank():
-    rows = [{"layer": layer, "step": step, "value": 10.0 ** -(layer + step)} for layer in range(40) for step in (1, 3)]
-    rows[1]["value"] = 0.0  # layer 0, step 3: no log
-    fig = charts.layer_step_heatmap(rows[:-1], title="t")  # layer 39 has no step 3
-    (heat,) = fig.data
-    assert list(heat.y) == list(fig.layout.yaxis.tickvals) == [f"layer {i}" for i in range(40)]
-    assert list(heat.x) == [1, 3] and list(heat.z[0]) == [-1.0, None] and list(heat.z[39]) == [-40.0, None]
-    assert list(heat.z[5]) == pytest.approx([-6.0, -8.0]) and heat.customdata[5][0] == pytest.approx(1e-6)
-
-
-def test_final_layer_mse_draws_points_on_a_log_axis_and_bars_on_a_linear_one():
-    log = charts.final_layer_mse({"#1": [0.5, None, 0.25]}, {"#1": [1]})
-    assert log.data[0].type == "scatter" and log.layout.yaxis.type == "log"
-    assert list(log.data[0].y) == [0.5, None, 0.25] and list(log.data[0].text) == ["", "softmax", ""]
-    linear = charts.final_layer_mse({"#1": [0.5, None, 0.25]}, {"#1": [1]}, log_y=False)
-    assert linear.data[0].type == "bar" and linear.layout.yaxis.type != "log"
-
-
-def test_chosen_layer_curves_pair_training_and_validation_in_one_colour_per_layer():
-    train = [{"layer": layer, "step": step, "value": 1.0 / step} for layer in (2, 5) for step in (1, 2, 3)]
-    val = [{"layer": 5, "step": 2, "value": 0.75}]
-    fig = charts.chosen_layer_curves(train, val, [2, 5])
-    assert [t.name for t in fig.data] == ["layer 2 (training)", "layer 5 (training)", "layer 5 (validation)"]
-    assert fig.data[1].line.color == fig.data[2].line.color != fig.data[0].line.color
-    assert list(fig.data[2].y) == [0.75] and fig.layout.yaxis.type == "log"
-
-
-def test_layer_score_bars_mark_the_kept_layers_and_skip_null_scores():
-    fig = charts.layer_score_bars([0.125, None, 0.5, 0.03125], [2], "kl")
-    (bars,) = fig.data
-    assert list(bars.x) == [0, 2, 3] and list(bars.y) == [0.125, 0.5, 0.03125]
-    assert list(bars.text) == ["", "kept softmax", ""]
-    converted, kept = charts.SCORE_COLORS["converted"], charts.SCORE_COLORS["kept"]
-    assert converted != kept and list(bars.marker.color) == [converted, kept, converted]
-    assert "next-token KL" in fig.layout.title.text and fig.layout.yaxis.type == "log"
-    linear = charts.layer_score_bars([0.25, 0.5], [], "mse", log_y=False)
-    assert linear.layout.yaxis.type != "log" and "normalised attention-output MSE" in linear.layout.yaxis.title.text
-    assert list(linear.data[0].text) == ["", ""]
-
-
 # ---------------------------------------------------------------------------------------------- resolved softmax layers
 
 
@@ -307,11 +202,6 @@ def test_window_worse_reads_the_window_baselines_verdict_only():
     worse = common.long_context({"long_context": long_context_section(worse_than_window=True)})
     assert common.window_worse(worse) == ("the student is worse than the untrained terraced window 64 + 4 sinks at "
                                           "4096 tokens")
-
-
-def test_token_labels_of_position_buckets():
-    assert [charts.tokens_label(n) for n in (0, 64, 256, 1024, 2048, 4095, 1536)] == ["0", "64", "256", "1k", "2k",
-                                                                                       "4k", "1.5k"]
 
 
 # ---------------------------------------------------------------------------------------------- chat prompts

@@ -24,6 +24,18 @@ def _table(at):
     return {int(r["id"]): r for r in df.to_dict("records")}
 
 
+def test_the_reason_column_is_wide_only_when_a_job_has_a_reason(fresh_ws):
+    import json
+
+    finished_job(fresh_ws, "convert", {"data": {"seq_len": 64}}, "done", None)
+    at = open_page("views/jobs.py")
+    assert json.loads(at.dataframe[0].proto.columns)["error / reason"]["width"] == "small"
+    failed = _failed_job(fresh_ws, {"data": {"seq_len": 64}}, "broken")
+    at = open_page("views/jobs.py")
+    assert _table(at)[failed]["error / reason"] == "RuntimeError: boom"
+    assert json.loads(at.dataframe[0].proto.columns)["error / reason"]["width"] == "large"
+
+
 def test_table_shows_every_seeded_job(seeded_ws):
     at = open_page("views/jobs.py")
     rows = _table(at)
@@ -56,6 +68,7 @@ def test_succeeded_conversion_shows_its_report(seeded_ws):
     assert metrics["Student perplexity"] == f"{report['student_ppl']:.4g}"
     log = texts(at)
     assert "succeeded" in log and "teacher held-out perplexity" in log  # the job's own log lines
+    assert ", attempt 1] " in log and "#1] " not in log  # an attempt is not a job number
 
 
 def test_export_queues_an_export_job_of_a_finished_conversion(fresh_ws):
@@ -68,6 +81,8 @@ def test_export_queues_an_export_job_of_a_finished_conversion(fresh_ws):
     assert [(j.kind, j.config["run"], j.config["output"]) for j in jobs if j.id != done] == [
         ("export", f"runs/{done}", f"exports/{done}")]
     export = max(j.id for j in jobs)
+    assert button(at, f"export_{done}").disabled  # no second export while this one waits
+    assert f"Export job #{export} is queued, into `exports/{done}`" in texts(at)
     at = open_page("views/jobs.py")
     widget(at, "selectbox", "jobs_selected").set_value(export).run()
     assert button(at, f"export_{export}").disabled  # an export job is not a conversion
@@ -75,7 +90,8 @@ def test_export_queues_an_export_job_of_a_finished_conversion(fresh_ws):
 
 def test_an_export_job_shows_its_folder_size_snippet_and_card(fresh_ws):
     report = {"folder": "exports/7", "files": {"model.safetensors": 3 * 2**20, "README.md": 2048},
-              "bytes": 3 * 2**20 + 2048, "card": "# tiny-test, linearized\n\nA card line.",
+              "bytes": 3 * 2**20 + 2048, "card": "---\nlibrary_name: transformers\ntags:\n- lolcats\n---\n\n"
+                                                 "# tiny-test, linearized\n\nA card line.",
               "load": "model = AutoModelForCausalLM.from_pretrained('/ws/exports/7', trust_remote_code=True)",
               "pushed": None}
     job = finished_job(fresh_ws, "export", {"run": "runs/7", "output": "exports/7"}, "export", report)
@@ -84,6 +100,8 @@ def test_an_export_job_shows_its_folder_size_snippet_and_card(fresh_ws):
     shown = texts(at)
     assert "exports/7" in shown and "3.0 MiB in 2 files" in shown and "A card line." in shown
     assert report["load"] in [c.value for c in at.code]
+    assert "library_name: transformers\ntags:\n- lolcats" in [c.value for c in at.code]  # the front matter as YAML
+    assert not any("library_name" in m.value for m in at.markdown)
 
 
 def test_succeeded_conversion_has_its_figures_on_top_and_no_error_tab(seeded_ws):
@@ -223,6 +241,7 @@ def test_a_conversion_opens_in_the_launch_form(fresh_ws, status, label):
     assert widget(at, "number_input", "launch_attention.window_size").value == 8
     at.switch_page("views/launch.py").run()  # AppTest follows st.switch_page for one run only
     assert widget(at, "number_input", "launch_attention.window_size").value == 8
+    assert [s.value for s in at.selectbox if (s.key or "").startswith("launchpreset_")] == ["tiny-test"]
     button(at, "launch_submit").click().run()
     queued = max(api.list_jobs(workspace=fresh_ws), key=lambda j: j.id)
     assert queued.id != job and queued.config == config
@@ -291,3 +310,64 @@ def test_a_run_folder_deleted_under_the_app_is_said_not_crashed(fresh_ws):
     assert {m.label: m.value for m in at.metric}["Ratio"] == "1.100"
     at.switch_page("views/attention.py").run()
     assert not at.exception and "needs a finished conversion" in texts(at)
+
+
+def _cli_run(ws, config: dict, report: dict | None = None):
+    """A finished run folder as ``lolcats convert -o runs/demo`` leaves it (no job row)."""
+    import json
+
+    run = ws / "runs" / "demo"
+    (run / "stage1").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "report.json").write_text(json.dumps(report or {"ppl_ratio": 1.25}))
+    return run
+
+
+def test_a_run_folder_no_job_made_can_be_exported_relaunched_evaluated_and_deleted(fresh_ws):
+    config = forms.preset_config("tiny-test")
+    run = _cli_run(fresh_ws, config)
+    at = open_page("views/jobs.py")
+    assert not at.exception
+    assert "No jobs yet: the conversions below were made outside the workbench." in [i.value for i in at.info]
+    table = at.dataframe[0].value
+    assert table.to_dict("records")[0] | {"modified": None} == {
+        "folder": "runs/demo", "origin": "run folder (lolcats convert, or copied in)", "model": "tiny-random-llama",
+        "attention": "terraced/hedgehog", "ppl ratio": 1.25, "modified": None}
+
+    button(at, "folder_export_runs-demo").click().run()
+    assert not at.exception and not at.error
+    (export,) = api.list_jobs(workspace=fresh_ws)
+    assert (export.kind, export.config["run"], export.config["output"]) == ("export", "runs/demo", "exports/demo")
+
+    at = open_page("views/jobs.py")
+    button(at, "folder_evaluate_runs-demo").click().run()
+    assert not at.exception
+    at.switch_page("views/evaluation.py").run()
+    assert not at.exception and widget(at, "selectbox", "eval_conversion").value == "runs/demo"
+
+    at = open_page("views/jobs.py")
+    button(at, "folder_relaunch_runs-demo").click().run()
+    assert not at.exception and "Based on runs/demo (run)" in texts(at).replace("**", "")
+    at.switch_page("views/launch.py").run()
+    button(at, "launch_submit").click().run()
+    queued = max(api.list_jobs(workspace=fresh_ws), key=lambda j: j.id)
+    assert queued.kind == "convert" and queued.config == config
+
+    at = open_page("views/jobs.py")
+    button(at, "folder_delete_runs-demo").click().run()
+    assert not at.exception and not run.exists() and "Deleted runs/demo." in texts(at)
+
+
+def test_an_export_no_job_made_is_listed_with_its_origin_and_cannot_be_exported_again(fresh_ws):
+    import json
+
+    export = fresh_ws / "exports" / "demo"
+    export.mkdir(parents=True)
+    (export / "lolcats.json").write_text(json.dumps({"config": forms.preset_config("tiny-test")}))
+    finished_job(fresh_ws, "convert", {"data": {"seq_len": 64}}, "done", None)
+    at = open_page("views/jobs.py")
+    assert not at.exception
+    rows = at.dataframe[1].value.to_dict("records")
+    assert [(r["folder"], r["origin"]) for r in rows] == [("exports/demo", "export (lolcats export, or copied in)")]
+    assert button(at, "folder_export_exports-demo").disabled
+    assert not button(at, "folder_relaunch_exports-demo").disabled

@@ -224,3 +224,21 @@ def test_the_wall_time_is_estimated_from_a_finished_conversion_here(fresh_ws, mo
         in texts(at).replace("**", "")
     widget(at, "number_input", "launch_data.seq_len").set_value(128).run()
     assert "wall time: about 1m 00s" in texts(at).replace("**", "")
+
+
+def test_the_wall_time_is_estimated_from_a_run_folder_made_outside_the_workbench(fresh_ws):
+    """``lolcats convert -o runs/demo`` leaves no step times in the database, only its report's
+    timings: 1 s per cost unit for the teacher's 2 blocks and stage 1's 12 units, 2 s for stage 2's
+    (the median is 1 s); the same config costs 30 units."""
+    import json
+
+    config = forms.preset_config("tiny-test")
+    run = fresh_ws / "runs" / "demo"
+    (run / "stage1").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "report.json").write_text(json.dumps({"timings": {"teacher_eval_s": 2.0, "stage1_s": 12.0,
+                                                             "stage2_s": 24.0, "total_s": 60.0}}))
+    at = open_page()
+    _select_preset(at, "tiny-test")
+    assert ("wall time: about 30s for the training and perplexity phases (model loading aside) at the pace "
+            "runs/demo (run) measured here") in texts(at).replace("**", "")

@@ -60,7 +60,7 @@ def test_final_bars_are_the_report_per_layer_mse(seeded_ws):
 
 def test_compare_two_conversions(seeded_ws):
     at = open_page("views/layers.py")
-    chosen = [seeded_ws.conversion, seeded_ws.conversion_sw]
+    chosen = [f"job:{seeded_ws.conversion}", f"job:{seeded_ws.conversion_sw}"]
     widget(at, "multiselect", "layers_compare").set_value(chosen).run()
     assert not at.exception
     final = [f for f in plotly_figures(at)
@@ -70,7 +70,7 @@ def test_compare_two_conversions(seeded_ws):
     assert sorted(table["attention"]) == ["sliding_window/hedgehog", "terraced/hedgehog"]
     for job_id, name in ((seeded_ws.conversion, "tiny-test"), (seeded_ws.conversion_sw, "tiny-sw")):
         report = api.job_report(job_id, workspace=seeded_ws.workspace)
-        row = table[table["job"] == f"#{job_id} {name}"].iloc[0]
+        row = table[table["conversion"] == f"#{job_id} {name}"].iloc[0]
         assert row["student ppl"] == pytest.approx(report["student_ppl"])
 
 
@@ -138,9 +138,9 @@ def test_compare_lists_the_resolved_softmax_layers(fresh_ws):
     listed = _succeeded_conversion(fresh_ws, {"softmax_layers": [1]}, {**old_report, "per_layer_mse": [0.25, None]},
                                    "listed")  # a report older than softmax_layers, null for the softmax layer
     at = open_page("views/layers.py")
-    widget(at, "multiselect", "layers_compare").set_value([auto, listed]).run()
+    widget(at, "multiselect", "layers_compare").set_value([f"job:{auto}", f"job:{listed}"]).run()
     assert not at.exception
-    table = at.dataframe[0].value.set_index("job")
+    table = at.dataframe[0].value.set_index("conversion")
     assert table.loc[f"#{auto} auto", "softmax layers"] == "0"
     assert table.loc[f"#{listed} listed", "softmax layers"] == "1"
     assert table.loc[f"#{auto} auto", "mean layer MSE"] == pytest.approx(0.375)  # the converted layer only
@@ -236,3 +236,7 @@ def test_runs_and_exports_made_outside_the_workbench_show_their_final_per_layer_
     assert "Highest final MSE: layer 2 (0.05)" in texts(at)
     widget(at, "selectbox", "layers_job").set_value("exports/demo-export").run()
     assert any("has no per-layer MSE" in i.value for i in at.info)
+    assert "Comparing conversions needs at least two finished ones." not in texts(at)  # two folders, no job
+    table = at.dataframe[0].value.set_index("conversion")
+    assert sorted(table.index) == ["exports/demo-export (export)", "runs/demo (run)"]
+    assert table.loc["runs/demo (run)", "mean layer MSE"] == pytest.approx(0.035)  # layer 1 kept softmax

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from app import bench_results
+from app.common import fmt_duration
 from jobs import api, store
 from jobs.db import open_db
 from tests.app.apptest import button, column_format, open_page, plotly_figures, texts, widget
@@ -202,3 +203,40 @@ def test_benchmark_settings_errors_are_shown(fresh_ws):
     button(at, "bench_submit").click().run()
     assert any("batch_sizes must be >= 1" in e.value for e in at.error), [e.value for e in at.error]
     assert api.list_jobs(workspace=fresh_ws) == []
+
+
+def test_the_form_starts_past_the_memory_crossover_with_repeats_help_and_a_time_estimate(seeded_ws):
+    at = open_page("views/throughput.py")
+    assert not at.exception
+    assert widget(at, "text_input", "bench_contexts").value == "512, 1024, 2048"
+    assert widget(at, "number_input", "bench_repeats").value == 3
+    for kind, key in (("text_input", "bench_batches"), ("text_input", "bench_contexts"),
+                      ("number_input", "bench_gen"), ("number_input", "bench_repeats")):
+        assert widget(at, kind, key).help, key
+    seeded = api.get_job(seeded_ws.benchmark, workspace=seeded_ws.workspace)
+    took = (seeded.finished_at - seeded.started_at).total_seconds()
+    # the seeded benchmark: batches [1, 2] at 16 tokens and contexts [16, 32] at batch 1, 4 generated, once
+    done = 1 * 20 + 2 * 20 + 1 * 36
+    tokens = (1 * 528 + 2 * 528 + 4 * 528 + 1 * 1040 + 1 * 2064) * 3  # the defaults, one factor at a time
+    expected = fmt_duration(took * tokens / done)
+    assert f"About {expected}: {tokens:,} tokens a model, at the pace of benchmark job #{seeded.id}" in texts(at)
+
+
+def test_a_benchmark_run_on_a_busy_machine_is_flagged(fresh_ws):
+    report = native_report([1, 2], [64, 128])
+    report["environment"] = {"cpu_count": 2, "load_average_start": [5.5, 3.0, 2.0], "load_average_end": [4.0, 3, 2],
+                             "cpu_pressure": 0.05}
+    _finished_job(fresh_ws, report)
+    at = open_page("views/throughput.py")
+    assert not at.exception
+    assert any("The machine was busy while this benchmark ran (load 5.5 on 2 cores)" in w.value for w in at.warning)
+    report["environment"] = {"cpu_count": 2, "load_average_start": [0.5, 0, 0], "cpu_pressure": 0.01}
+    quiet = _finished_job(fresh_ws, report)
+    at = open_page("views/throughput.py")
+    widget(at, "selectbox", "bench_job").set_value(quiet).run()
+    assert not any("was busy" in w.value for w in at.warning)
+    report["environment"]["cpu_pressure"] = 0.35  # other tasks waiting for a CPU a third of the time
+    pressed = _finished_job(fresh_ws, report)
+    at = open_page("views/throughput.py")
+    widget(at, "selectbox", "bench_job").set_value(pressed).run()
+    assert any("other tasks waited for a CPU 35% of the time" in w.value for w in at.warning)

@@ -39,6 +39,8 @@ def test_an_export_job_writes_a_folder_transformers_loads(tiny_ws, start_worker)
     assert report["folder"] == "exports/tiny" and report["files"] == files and report["bytes"] == sum(files.values())
     assert {"lolcats.json", "config.json", "README.md", "model.safetensors"} <= set(files)
     assert report["card"] == (folder / "README.md").read_text() and report["pushed"] is None
+    assert "\n# tiny: LoLCATs conversion of " in report["card"]  # the final name, not the folder written first
+    assert 'from_pretrained("tiny", trust_remote_code=True)' in report["card"] and ".partial" not in report["card"]
     assert f"from_pretrained({str(folder)!r}, trust_remote_code=True)" in report["load"]
     assert not (tiny_ws / "exports" / "tiny.partial").exists()
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)

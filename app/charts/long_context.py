@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.charts import COLORS, RATIO_FORMAT, TEMPLATE
+from app.charts.style import COLORS, RATIO_FORMAT, TEMPLATE
 from core.eval.long_context_result import MEMORY_MATCHED, LongContextResult
 
 CURVE_COLOR = "#7f7f7f"

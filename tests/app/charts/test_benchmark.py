@@ -1,11 +1,13 @@
-"""Figures of benchmark results (app.charts.benchmark_figures) from real tiny-model runs."""
+"""Figures of benchmark results (app.charts.benchmark) from real tiny-model runs."""
 
 import math
 import re
 
 import pytest
 
-from app.charts import benchmark_figures
+from app import bench_results
+from app.charts import benchmark as charts
+from app.charts.benchmark import benchmark_figures
 from tests.core.bench.runs import OOM_ERRORS, OOM_PHASES, capacity_result, result_with_oom, small_result
 
 
@@ -72,3 +74,18 @@ def test_ratio_hovers_show_the_difference_from_1(result):
     for trace in benchmark_figures(result)["floor_gap"].data:
         spec = re.search(r"%\{y:([^}]*)\}", trace.hovertemplate or "")
         assert spec and format(1.0012, spec.group(1)) == "1.001", trace.hovertemplate
+
+
+def test_throughput_figure_one_line_per_model():
+    pts = bench_results.normalise({"points": [
+        {"model": m, "batch_size": b, "prompt_length": 64, "gen_length": 4, "tokens_per_second": t * b,
+         "peak_memory_bytes": 2**30 * b}
+        for m, t in (("teacher", 10.0), ("student", 20.0)) for b in (1, 2, 4)]
+        + [{"model": "teacher", "batch_size": 8, "prompt_length": 64, "gen_length": 4, "status": "oom"}]})
+    fig = charts.throughput_figure(pts, "batch_size", "tokens_per_second")
+    lines = {t.name: (list(t.x), list(t.y)) for t in fig.data}
+    assert lines == {"teacher (context=64, gen=4)": ([1, 2, 4], [10.0, 20.0, 40.0]),
+                     "student (context=64, gen=4)": ([1, 2, 4], [20.0, 40.0, 80.0])}
+    mem = charts.throughput_figure(pts, "batch_size", "peak_memory_bytes")
+    assert list(mem.data[0].y) == [1.0, 2.0, 4.0]  # GiB
+    assert mem.layout.yaxis.title.text.endswith("(GiB)")
