@@ -16,13 +16,14 @@ def comma_names(text: str) -> list[str]:
     return [part for part in _SEPARATORS.split(str(text).strip()) if part]
 
 
-def comma_ints(text: str, what: str = "the list") -> list[int]:
-    """The items of ``text`` as whole numbers; ``ValueError`` naming ``what`` and the text otherwise."""
+def comma_ints(text: str, what: str = "the list", example: str = "256,1024") -> list[int]:
+    """The items of ``text`` as whole numbers; ``ValueError`` naming ``what``, an ``example`` and
+    the text otherwise."""
     parts = comma_names(text)
     try:
         return [int(part) for part in parts]
     except ValueError:
-        raise ValueError(f"{what} takes whole numbers separated by commas, such as 256,1024; got {text!r}") from None
+        raise ValueError(f"{what} takes whole numbers separated by commas, such as {example}; got {text!r}") from None
 
 
 __all__ = ["comma_ints", "comma_names"]

@@ -55,7 +55,7 @@ def _budget_sweep(cfg, budgets: str, context: int, output: Optional[str], resume
     from core.pipeline.budgets import run_budget_sweep
 
     try:
-        values = comma_ints(budgets, "--budgets")
+        values = comma_ints(budgets, "--budgets", "0,1,2,4,8")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     sweep = build_spec(BudgetSweepConfig, {"base": cfg.model_dump(), "budgets": values, "context": context})

@@ -188,17 +188,17 @@ def test_empty_state(fresh_ws):
 def test_bfloat16_precision_answers_with_a_bfloat16_copy(seeded_ws, monkeypatch):
     """Precision bfloat16: both models answer from a bfloat16 copy of the conversion."""
     from app import common
-    from core.pipeline import runs
+    from core import load
 
     loads = []
-    real = runs.load_converted
+    real = load.load_converted
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
         loads.append((kwargs.get("dtype"), {p.dtype for p in out[0].parameters()}))
         return out
 
-    monkeypatch.setattr(runs, "load_converted", spy)
+    monkeypatch.setattr(load, "load_converted", spy)
     common._load.clear()
     at = open_page("views/chat.py")
     widget(at, "selectbox", "chat_conversion").set_value(f"job:{seeded_ws.conversion}").run()

@@ -13,11 +13,15 @@ from core.config import (
     PRESETS,
     AttentionSpec,
     ConfigError,
+    LongContextSpec,
+    apply_overrides,
     build_config,
     build_spec,
     config_diff,
     deep_merge,
+    evaluation_overrides,
     get_dotted,
+    preset,
     set_dotted,
 )
 from kernels.hybrid.window import KINDS
@@ -77,3 +81,23 @@ def test_sink_tokens_need_a_window_and_are_not_negative():
         AttentionSpec(kind="linear", sink_tokens=1)
     with pytest.raises(ValueError, match="greater than or equal to 0"):
         AttentionSpec(sink_tokens=-1)
+
+
+def test_frontier_windows_are_sorted_distinct_key_counts():
+    assert LongContextSpec().frontier_windows == [32, 128, 512]
+    assert LongContextSpec(frontier_windows=[512, 32, 32]).frontier_windows == [32, 512]
+    assert LongContextSpec(frontier_windows=[]).frontier_windows == []  # the memory-matched window alone
+    with pytest.raises(ValueError, match=r"frontier_windows must be window sizes >= 1 \(keys\), got \[0, 64\]"):
+        LongContextSpec(frontier_windows=[0, 64])
+
+
+def test_evaluation_settings_become_overrides_of_the_runs_config():
+    assert evaluation_overrides(ppl_blocks=4, lengths=[256, 1024], sequences=None) == [
+        "eval.ppl_blocks=4", "eval.long_context.enabled=true", "eval.long_context.lengths=[256, 1024]"]
+    assert evaluation_overrides(lengths="off") == ["eval.long_context.enabled=false"]
+    config = build_config(apply_overrides(preset("tiny-test").model_dump(), evaluation_overrides(lengths="auto",
+                                                                                              grid_trials=0)))
+    assert (config.eval.long_context.lengths, config.eval.long_context.passkey_trials) == ("auto", 0)
+    with pytest.raises(ValueError, match="unknown evaluation settings"):
+        evaluation_overrides(blocks=2)
+

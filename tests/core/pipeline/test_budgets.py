@@ -67,7 +67,7 @@ def test_cost_columns_are_measured_per_budget(sweep):
 def test_cli_runs_the_sweep_and_refuses_bad_budgets(cli, workspace, sweep):
     runner = CliRunner()
     bad = runner.invoke(cli, ["ablate", "--preset", "tiny-test", "--softmax-budgets", "0,x", "-w", str(workspace)])
-    assert bad.exit_code != 0 and "comma-separated integers" in bad.output
+    assert bad.exit_code != 0 and "--budgets takes whole numbers separated by commas, such as 0,1,2,4,8" in bad.output
     neg = runner.invoke(cli, ["ablate", "--preset", "tiny-test", "--softmax-budgets", "-1", "-w", str(workspace)])
     assert neg.exit_code != 0 and "budgets must be >= 0" in neg.output
     out = workspace / "runs" / "budgets-cli"
