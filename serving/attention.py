@@ -18,7 +18,8 @@ P = seq_len - C already processed:
 
 The page holds every tensor of the state (its fields and shapes are read from a state the layer's
 own prefill builds, so a change of the state's layout needs no change here) except ``first``,
-the row's first real token, which is 0 for every vLLM request (no padding), and ``seen``, which is P.
+the row's first real token, which is 0 for every vLLM request (no padding), ``seen``, which is P,
+and empty tensors (linear attention's ring).
 The computation is the project's PyTorch forms on CPU; on CUDA, ``kernels.dispatch`` picks the
 Triton kernels where they exist.
 
@@ -28,6 +29,7 @@ Notation: T tokens of the step, H query heads, H_kv key/value heads, d head dim.
 from __future__ import annotations
 
 import dataclasses
+import math
 from types import SimpleNamespace
 
 import torch
@@ -47,6 +49,44 @@ OP_NAME = "lolcats_attention"
 NOT_PAGED = ("first", "seen")  # HybridState fields the page does not hold (module docstring)
 
 
+def base_stand_in(config, hidden_size: int, num_heads: int) -> SimpleNamespace:
+    """What ``LolcatsAttention`` reads from the base layer it replaces, for a layer whose projections
+    are vLLM's (built by the caller): the config, head dim and score scale."""
+    head_dim = getattr(config, "head_dim", None) or hidden_size // num_heads
+    return SimpleNamespace(config=config, layer_idx=0, head_dim=head_dim, scaling=head_dim**-0.5,
+                           q_proj=SimpleNamespace(weight=torch.empty(0, device="cpu")))
+
+
+def state_layout(layer: LolcatsAttention, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """``(field, shape without the batch dim, dtype)`` of each state tensor the page of ``layer``
+    holds (keys and values in ``dtype``), widest dtype first (each view of the page's bytes stays
+    aligned): read from the state a one-token prefill of the layer leaves."""
+    H, Hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    device = layer.mix.device
+    q, k = torch.zeros(1, H, 1, d, dtype=dtype, device=device), torch.zeros(1, Hkv, 1, d, dtype=dtype, device=device)
+    with torch.no_grad():
+        _, state = layer.prefill(q, k, k, None, True, q, k)
+    fields = [(f.name, getattr(state, f.name)) for f in dataclasses.fields(HybridState) if f.name not in NOT_PAGED]
+    fields = [(name, tuple(t.shape[1:]), t.dtype) for name, t in fields if t is not None]
+    return sorted(fields, key=lambda f: -f[2].itemsize)
+
+
+def paged(layout: list[tuple[str, tuple[int, ...], torch.dtype]]) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """The tensors of ``layout`` that hold something (linear attention's window ring holds no slot)."""
+    return [field for field in layout if math.prod(field[1])]
+
+
+def config_state_layout(text_config, options: dict, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """:func:`state_layout` of a converted layer of the model ``text_config`` describes (a throwaway
+    layer on the CPU: vLLM asks for the page size before it builds the model)."""
+    num_heads = text_config.num_attention_heads
+    num_kv_heads = getattr(text_config, "num_key_value_heads", None) or num_heads
+    with torch.device("cpu"):
+        layer = LolcatsAttention(base_stand_in(text_config, text_config.hidden_size, num_heads), num_heads=num_heads,
+                                 num_kv_heads=num_kv_heads, padding=PaddingMask(), **options)
+    return state_layout(layer.to(dtype), dtype)
+
+
 class LolcatsServingAttention(LolcatsAttention, MambaBase):
     """A converted decoder layer's attention for vLLM's Llama decoder layer (``attn_layer_type``).
 
@@ -57,12 +97,9 @@ class LolcatsServingAttention(LolcatsAttention, MambaBase):
     def __init__(self, *, config, hidden_size: int, num_heads: int, num_kv_heads: int, max_position_embeddings: int,
                  quant_config=None, bias: bool = False, bias_o_proj: bool = False, cache_config=None,
                  prefix: str = "", attn_type=None, options: dict):
-        head_dim = getattr(config, "head_dim", None) or hidden_size // num_heads
-        # LolcatsAttention takes the base layer's projections from ``base``; here vLLM's fused ones
-        # are built below, so ``base`` carries only what the layer reads from it.
-        base = SimpleNamespace(config=config, layer_idx=0, head_dim=head_dim, scaling=head_dim**-0.5,
-                               q_proj=SimpleNamespace(weight=torch.empty(0)))
+        base = base_stand_in(config, hidden_size, num_heads)
         super().__init__(base, num_heads=num_heads, num_kv_heads=num_kv_heads, padding=PaddingMask(), **options)
+        head_dim = base.head_dim
         self.prefix = prefix
         self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.qkv_proj = QKVParallelLinear(hidden_size, head_dim, num_heads, num_kv_heads, bias=bias,
@@ -72,47 +109,34 @@ class LolcatsServingAttention(LolcatsAttention, MambaBase):
         self.rotary_emb = get_rope(head_dim, max_position=max_position_embeddings,
                                    rope_parameters=getattr(config, "rope_parameters", None), is_neox_style=True)
         vllm_config = get_current_vllm_config()
-        self.model_dtype = vllm_config.model_config.dtype
         context = vllm_config.compilation_config.static_forward_context
         if prefix in context:
             raise ValueError(f"duplicate layer name: {prefix}")
         context[prefix] = self
-        self._layout: list[tuple[str, tuple[int, ...], torch.dtype]] | None = None
+        self._layout = state_layout(self, vllm_config.model_config.dtype)
 
     # ---- the state page ----
 
-    def state_layout(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-        """``(field, shape without the batch dim, dtype)`` of each paged state tensor, widest dtype
-        first (each view of the page's bytes stays aligned), read from the state a one-token
-        prefill of this layer leaves."""
-        if self._layout is None:
-            H, Hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-            q, k = torch.zeros(1, H, 1, d, dtype=self.model_dtype), torch.zeros(1, Hkv, 1, d, dtype=self.model_dtype)
-            with torch.no_grad():
-                _, state = self.prefill(q, k, k, None, True, q, k)
-            fields = [(f.name, getattr(state, f.name)) for f in dataclasses.fields(HybridState) if f.name not in NOT_PAGED]
-            fields = [(name, tuple(t.shape[1:]), t.dtype) for name, t in fields if t is not None]
-            self._layout = sorted(fields, key=lambda f: -f[2].itemsize)
-        return self._layout
-
     def get_state_shape(self):
-        return tuple(shape for _, shape, _ in self.state_layout())
+        return tuple(shape for _, shape, _ in paged(self._layout))
 
     def get_state_dtype(self):
-        return tuple(dtype for _, _, dtype in self.state_layout())
+        return tuple(dtype for _, _, dtype in paged(self._layout))
 
     @property
     def mamba_type(self) -> MambaAttentionBackendEnum:
         return MambaAttentionBackendEnum.LINEAR  # vLLM's linear-attention metadata: what the op reads
 
     def read_state(self, slot: int, seen: int) -> HybridState:
-        """The state of the request in page ``slot`` after ``seen`` tokens (views of the page)."""
-        pages = {name: page[slot][None] for (name, _, _), page in zip(self.state_layout(), self.kv_cache)}
-        first = torch.zeros(1, dtype=torch.long, device=pages["S"].device)
-        return HybridState(first=first, seen=seen, **pages)
+        """The state of the request in page ``slot`` after ``seen`` tokens (views of the page; empty
+        tensors for those :func:`paged` leaves out)."""
+        device = self.kv_cache[0].device
+        fields = {name: torch.empty(1, *shape, dtype=dtype, device=device) for name, shape, dtype in self._layout}
+        fields.update({name: page[slot][None] for (name, _, _), page in zip(paged(self._layout), self.kv_cache)})
+        return HybridState(first=torch.zeros(1, dtype=torch.long, device=device), seen=seen, **fields)
 
     def write_state(self, slot: int, state: HybridState) -> None:
-        for (name, _, _), page in zip(self.state_layout(), self.kv_cache):
+        for (name, _, _), page in zip(paged(self._layout), self.kv_cache):
             page[slot].copy_(getattr(state, name)[0])
 
     # ---- forward ----

@@ -7,8 +7,8 @@ compare with the workbench's own model, and a quick check that an export serves.
 "engine": {vLLM engine arguments}, "rounds": k}``; the prompts are submitted together (one batch,
 scheduled as vLLM likes) ``rounds`` times, one round after another (a later round meets the slots
 and the prefix cache an earlier one left). ``OUT.json``: per round, per prompt, the generated
-token ids, each one's log-probability, the prompt tokens' log-probabilities (from the second) and
-how many prompt tokens came from the prefix cache.
+token ids, each one's log-probability, the prompt tokens' log-probabilities (from the second; first
+round only) and how many prompt tokens came from the prefix cache.
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ def generate(job: dict) -> dict:
     from vllm import LLM, SamplingParams, TokensPrompt
 
     llm = LLM(model=job["model"], **{**ENGINE_DEFAULTS, **job.get("engine", {})})
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], logprobs=0, prompt_logprobs=0,
-                            ignore_eos=True)
     rounds = []
-    for _ in range(job.get("rounds", 1)):
+    for i in range(job.get("rounds", 1)):
+        # prompt log-probabilities in the first round only: vLLM reads no prefix cache for a request that asks for them
+        params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], logprobs=0,
+                                prompt_logprobs=0 if i == 0 and job.get("prompt_logprobs", True) else None,
+                                ignore_eos=True)
         outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]], params)
         rounds.append([_result(out) for out in outputs])
     return {"rounds": rounds}
@@ -42,7 +44,8 @@ def _result(out) -> dict:
     completion = out.outputs[0]
     tokens = list(completion.token_ids)
     logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens)]
-    prompt_logprobs = [step[token].logprob for step, token in zip(out.prompt_logprobs[1:], out.prompt_token_ids[1:])]
+    prompt_logprobs = [step[token].logprob for step, token in zip(out.prompt_logprobs[1:], out.prompt_token_ids[1:])] \
+        if out.prompt_logprobs else []
     return {"tokens": tokens, "logprobs": logprobs, "prompt_logprobs": prompt_logprobs,
             "cached_tokens": out.num_cached_tokens or 0}
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from core.config import AttentionSpec, format_validation_error, stored_attention
 
 ARCHITECTURE = "LolcatsForCausalLM"  # core.export.modeling.MODEL_CLASS, the architecture an export names
-SERVED_MODEL_TYPES = ("llama",)  # base architectures the vLLM plugin builds (serving.model)
+SERVED_MODEL_TYPES = ("llama", "mistral", "qwen2")  # base architectures the vLLM plugin builds (serving.model)
 
 
 class ExportError(ValueError):
