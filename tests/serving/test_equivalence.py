@@ -67,3 +67,16 @@ def test_vllm_serves_the_other_llama_like_architectures(model_type, python, serv
     job = {"model": str(folder), "prompts": prompts, "max_tokens": MAX_TOKENS, "engine": ENGINE}
     out = run_offline(python, job, tmp_path)
     assert_same(prompts, out["rounds"], reference_logprobs(folder), model_type)
+
+
+def test_bfloat16_serves_the_same_greedy_tokens(python, serving_workspace, tmp_path):
+    """In bfloat16 (S and z stay float32) the served tokens are the float32 model's; log-probabilities
+    move by the weights' rounding (measured: up to 4.3e-3 on this export)."""
+    folder = tiny_export(serving_workspace, "bfloat16")
+    prompts = token_prompts(LENGTHS, seed=3)
+    job = {"model": str(folder), "prompts": prompts, "max_tokens": MAX_TOKENS, "engine": {**ENGINE, "dtype": "bfloat16"}}
+    score = reference_logprobs(folder)  # float32
+    for prompt, got in zip(prompts, run_offline(python, job, tmp_path)["rounds"][0]):
+        greedy, logprobs, _ = score(prompt, got["tokens"])
+        assert got["tokens"] == greedy, f"prompt of {len(prompt)} tokens"
+        assert max(abs(a - b) for a, b in zip(logprobs, got["logprobs"])) < 2e-2
