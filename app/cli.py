@@ -11,6 +11,8 @@ from app.server import AppError
 from core.cli import register as register_core
 from core.cli.common import WorkspaceOpt, cli_errors
 from jobs.cli import register as register_jobs
+from serving.launch import ServingEnvError
+from serving.spec import ExportError
 
 app = typer.Typer(
     name="lolcats",
@@ -34,6 +36,23 @@ def serve_app(
     from app.server import serve
 
     raise typer.Exit(serve(host, port, workspace, worker=worker, say=lambda m: typer.echo(m, err=True)))
+
+
+@app.command("serve")
+@cli_errors(ServingEnvError, ExportError)
+def serve_export(
+    export: Path = typer.Argument(..., help="Exported folder (`lolcats export RUN OUT`)."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port of the OpenAI-compatible endpoint."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (127.0.0.1: this machine only)."),
+    dtype: str = typer.Option("auto", "--dtype", help="Weights' dtype in vLLM: auto (the export's), float32, bfloat16."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1,
+                                                help="Longest prompt plus completion (default: the model's positions)."),
+) -> None:
+    """Serve an export through vLLM: an OpenAI-compatible endpoint (needs `bash scripts/setup-serving.sh` once)."""
+    from serving.launch import serve
+
+    raise typer.Exit(serve(export, host, port, say=lambda m: typer.echo(m, err=True), dtype=dtype,
+                           max_model_len=max_model_len))
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from importlib.util import resolve_name
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "kernels", "jobs", "app")
+PACKAGES = ("core", "kernels", "jobs", "app", "serving")
 
 
 def project_modules() -> dict[str, Path]:

@@ -1,0 +1,1 @@
+"""Serving a LoLCATs export through vLLM."""

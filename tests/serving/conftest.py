@@ -1,0 +1,87 @@
+"""The serving tests: exports of tiny conversions, run through vLLM in the serving environment
+(``.venv-serving``, ``scripts/setup-serving.sh``) and compared with the workbench's own model.
+
+Without the serving environment the tests that need it are skipped, unless
+``LOLCATS_SERVING_TESTS=1`` (CI sets it after building the environment): then they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from core.export.folder import export
+from core.models.gguf import bundled_tokenizer
+from core.models.tiny import TINY_CONFIG
+from serving.launch import ROOT, ServingEnvError, serving_python
+from tests.tiny_runs import convert_tiny
+
+REQUIRED_ENV = "LOLCATS_SERVING_TESTS"
+ENGINE_TIMEOUT_S = 900  # one engine start and a few generations; minutes on two busy cores
+
+
+@pytest.fixture(scope="session")
+def python() -> Path:
+    """The serving interpreter (see the module docstring for when its absence skips)."""
+    try:
+        return serving_python()
+    except ServingEnvError as exc:
+        if os.environ.get(REQUIRED_ENV) == "1":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def serving_workspace(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("serving-ws")
+
+
+HEAD_DIM = 32  # the tiny model's 16 is below the head sizes vLLM's CPU attention supports (32 and up)
+
+
+def tiny_model(workspace: Path, model_type: str = "llama") -> Path:
+    """The tiny test model (:mod:`core.models.tiny`) as a ``model_type`` model (llama, mistral,
+    qwen2) with head dim 32, seeded, as a local folder: vLLM's CPU attention runs a softmax layer of it."""
+    folder = workspace / "models" / f"tiny-{model_type}-d{HEAD_DIM}"
+    if not (folder / "config.json").is_file():
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        tokenizer = bundled_tokenizer(workspace)
+        config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                                      eos_token_id=tokenizer.eos_token_id, **{**TINY_CONFIG, "head_dim": HEAD_DIM})
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+def tiny_export(workspace: Path, name: str, model_type: str = "llama", **attention) -> Path:
+    """An export of a tiny-test conversion of :func:`tiny_model` whose attention spec is updated by
+    ``attention``."""
+    run, _ = convert_tiny(workspace, name, model={"source": str(tiny_model(workspace, model_type))},
+                          attention=attention)
+    return export(run, workspace / "exports" / name, workspace=workspace)
+
+
+def token_prompts(lengths: list[int], seed: int = 0, vocab: int = 49152) -> list[list[int]]:
+    """Prompts of random token ids (a BOS first) of the given lengths."""
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, vocab) for _ in range(n - 1)] for n in lengths]
+
+
+def run_offline(python: Path, job: dict, tmp_path: Path) -> dict:
+    """``job`` through ``serving.offline`` in the serving environment: its results."""
+    job_file, out_file = tmp_path / "job.json", tmp_path / "out.json"
+    job_file.write_text(json.dumps(job))
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run([str(python), "-m", "serving.offline", str(job_file), str(out_file)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
+    assert done.returncode == 0, f"serving.offline failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return json.loads(out_file.read_text())
