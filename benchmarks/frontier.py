@@ -102,26 +102,31 @@ def measure_curve() -> dict:
     return curves
 
 
-def measure_student(run: str) -> dict:
-    """A run's student on each text: ratios by length and its state bytes per layer."""
+def measure_students(runs: dict[str, str]) -> dict[str, dict]:
+    """Each run's student on each text: ratios by length and its state bytes per layer. The teacher's
+    scores are computed once per text (every run converts the same teacher)."""
     import core
     from core.eval.long_context import held_out_sequences
     from core.eval.metrics import teacher_context
     from core.eval.window_baseline import state_bytes
 
-    model, tokenizer, _ = core.load_converted(run)
-    attn = next(iter(core.lolcats_modules(model).values()))
-    report = json.loads((Path(run) / "report.json").read_text())
-    texts = {}
-    for name, text in text_files().items():
-        seqs = held_out_sequences(tokenizer, LONGEST, SEQUENCES, text)
-        with teacher_context(model):
-            teacher = _scores(model, seqs)
-        texts[name] = _ratios(_scores(model, seqs), teacher)
-        print(name, texts[name], flush=True)
-    return {"attention": report["config"]["attention"], "seq_len": report["config"]["data"]["seq_len"],
-            "state_bytes_per_layer": state_bytes(attn, next(model.parameters()).element_size())["state_bytes"],
-            "wall_s": report.get("timings", {}).get("total_s"), "ratios": texts}
+    teachers, out = {}, {}
+    for name, run in runs.items():
+        model, tokenizer, _ = core.load_converted(run)
+        attn = next(iter(core.lolcats_modules(model).values()))
+        report = json.loads((Path(run) / "report.json").read_text())
+        texts = {}
+        for text_name, text in text_files().items():
+            seqs = held_out_sequences(tokenizer, LONGEST, SEQUENCES, text)
+            if text_name not in teachers:
+                with teacher_context(model):
+                    teachers[text_name] = _scores(model, seqs)
+            texts[text_name] = _ratios(_scores(model, seqs), teachers[text_name])
+            print(name, text_name, texts[text_name], flush=True)
+        out[name] = {"attention": report["config"]["attention"], "seq_len": report["config"]["data"]["seq_len"],
+                     "state_bytes_per_layer": state_bytes(attn, next(model.parameters()).element_size())["state_bytes"],
+                     "wall_s": report.get("timings", {}).get("total_s"), "ratios": texts}
+    return out
 
 
 def verdicts(curve: dict, bytes_: int, ratios: list[float]) -> list[dict]:
@@ -174,16 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curve", action="store_true", help="measure the untrained windows on each text")
     parser.add_argument("--record", nargs="*", default=[], metavar="NAME=RUN",
                         help="record a finished run's student (its command is read from the run's config)")
-    parser.add_argument("--command", default="", help="the command that made the recorded run (kept with it)")
+    parser.add_argument("--command", action="append", default=[],
+                        help="the command that made each recorded run, in the order of --record (kept with it)")
     parser.add_argument("--render", action="store_true", help="rewrite the Markdown table from the JSON")
     args = parser.parse_args(argv)
     results = load()
     if args.curve:
         results["curves"] = measure_curve()
         save(results)
-    for item in args.record:
-        name, run = item.split("=", 1)
-        variant = {"command": args.command, "load_average": os.getloadavg()[0], **measure_student(run)}
+    runs = dict(item.split("=", 1) for item in args.record)
+    commands = dict(zip(runs, args.command))
+    for name, measured in measure_students(runs).items():
+        variant = {"command": commands.get(name, f"see {runs[name]}/config.json"),
+                   "load_average": os.getloadavg()[0], **measured}
         variant["verdicts"] = {text: verdicts(results["curves"][text], variant["state_bytes_per_layer"], ratios)
                                for text, ratios in variant["ratios"].items()}
         results["variants"][name] = variant

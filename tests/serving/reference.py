@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from core.pipeline.runs import load_converted
+from core.load import load_converted
 
 
 def reference_logprobs(export_dir, dtype: str | None = None):
     """A function ``(prompt ids, generated ids) -> (argmax tokens, generated logprobs, prompt logprobs)``
-    of the export loaded by :func:`core.pipeline.runs.load_converted` (one forward over the whole
+    of the export loaded by :func:`core.load.load_converted` (one forward over the whole
     sequence, no cache: the parallel form): for every generated token the model's greedy choice at
     its position and that token's log-probability, and the log-probabilities of the prompt's
     tokens from the second."""
