@@ -301,12 +301,11 @@ def _tail(path, size: int = 12000) -> str:
 
 
 @st.fragment(run_every=common.REFRESH_S)
-def live(folders: list[common.Conversion]) -> None:
-    """The job table and the selected job, refreshed; ``folders`` (the conversions no job made) only
-    change what an empty job list says."""
+def live() -> None:
+    """The job table and the selected job, refreshed."""
     jobs = common.list_jobs()
     if not jobs:
-        if folders:
+        if any(c.job is None for c in common.conversions()):  # listed below the fragment
             st.info("No jobs yet: the conversions below were made outside the workbench.")
             return
         st.info("No jobs yet. Launch a conversion on the Launch page, or start the demo conversion: "
@@ -394,7 +393,7 @@ def folders(found: list[common.Conversion]) -> None:
 st.title("Jobs")
 common.show_flash()
 outside = [c for c in common.conversions() if c.job is None]
-live(outside)
+live()
 if outside:
     st.divider()
     folders(outside)
