@@ -72,15 +72,17 @@ def test_a_window_covering_the_input_is_the_teacher_and_padding_is_honoured():
 
 
 @pytest.mark.parametrize("feature_positions", ["none", "rotary"])
-def test_memory_matched_window_holds_the_students_state_bytes(feature_positions):
-    model = converted("llama", "terraced", window=16, sinks=3, feature_positions=feature_positions)
+@pytest.mark.parametrize("key_map_heads", ["query", "kv"])
+def test_memory_matched_window_holds_the_students_state_bytes(feature_positions, key_map_heads):
+    model = converted("llama", "terraced", window=16, sinks=3, feature_positions=feature_positions,
+                      key_map_heads=key_map_heads)
     attn = core.lolcats_modules(model)[0]
-    H, Hkv, d, F = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.feature_map_q.output_dim
+    Hs, Hkv, d, F = attn.state_heads, attn.num_kv_heads, attn.head_dim, attn.feature_map_q.output_dim
+    assert Hs == (Hkv if key_map_heads == "kv" else attn.num_heads)
     sizes = state_bytes(attn, 4)
     assert sizes["kv_bytes_per_token"] == 2 * Hkv * d * 4
-    unrotated = 2 * 16 * Hkv * d * 4 if feature_positions == "none" else 0  # the ring's keys before RoPE
-    # S, z, ring of 2w keys and values, sinks
-    assert sizes["state_bytes"] == 4 * (H * F * d + H * F) + (2 * 16 + 3) * 2 * Hkv * d * 4 + unrotated
+    # S, z per state head; a ring of 2w keys (once, whatever the feature maps read) and values; sinks
+    assert sizes["state_bytes"] == 4 * (Hs * F * d + Hs * F) + (2 * 16 + 3) * 2 * Hkv * d * 4
     (own, matched), _ = baselines(model)
     assert (own.kind, own.window, own.sinks) == ("terraced", 16, 3) and matched.kind == "sliding_window"
     assert matched.window + matched.sinks == sizes["state_bytes"] // sizes["kv_bytes_per_token"]
