@@ -171,7 +171,7 @@ def render(results: dict) -> str:
                      for r in rows]
             out.append(f"| {text} | " + " | ".join(cells) + " |")
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         results["variants"][name] = variant
         save(results)
     if args.render or args.curve or args.record:
-        MD_OUT.write_text(render(results) + "\n")
+        MD_OUT.write_text(render(results))
         print(MD_OUT.read_text())
     return 0
 
