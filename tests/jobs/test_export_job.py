@@ -75,7 +75,7 @@ def test_a_failed_export_leaves_the_earlier_one_whole(tiny_ws, monkeypatch):
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     real = runs.export
 
-    def broken(run, out, workspace=None):
+    def broken(run, out, workspace=None, name=None):
         out.mkdir(parents=True)
         (out / "config.json").write_text("{}")
         raise OSError(28, "No space left on device")
