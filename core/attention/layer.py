@@ -190,7 +190,6 @@ class LolcatsAttention(nn.Module):
                                                feature_init).to(device)
         self.mix = nn.Parameter(torch.full((num_heads,), math.log(init_mix / (1 - init_mix)), device=device))
         self.history = build_history(history_norm, init_history_power, init_history_decay)  # its variant (core.attention.history)
-        self.history_norm = history_norm
         if feature_positions not in FEATURE_POSITIONS:
             raise ValueError(f"unknown feature_positions {feature_positions!r}; valid: {', '.join(FEATURE_POSITIONS)}")
         self.feature_positions = feature_positions
@@ -203,6 +202,11 @@ class LolcatsAttention(nn.Module):
     def mode(self) -> str:
         """``"teacher"`` inside a :func:`teacher_attention` block naming this layer (this thread only), else ``"student"``."""
         return "teacher" if id(self) in _TEACHER_LAYERS.get() else "student"
+
+    @property
+    def history_norm(self) -> str:
+        """The history variant's name (``attention.history_norm``)."""
+        return self.history.name
 
     @property
     def rule(self) -> WindowRule:
