@@ -116,7 +116,7 @@ def _problems(exc: ValidationError) -> list[tuple[str, str]]:
         message = err["msg"]
         if err["type"] == "extra_forbidden":
             message = "unknown field (a typo?)"
-        elif "input" in err and not isinstance(err["input"], dict):
+        elif "input" in err and not isinstance(err["input"], dict) and f"got {err['input']!r}" not in message:
             message += f" (got {err['input']!r})"
         problems.append((loc, message))
     return problems
@@ -250,7 +250,7 @@ class EvaluateConfig(BaseModel):
         if value is None:
             return None
         if isinstance(value, str) and value.strip() != "auto":
-            value = comma_ints(value, "lengths")
+            value = comma_ints(value, "lengths", example="256,1024 (or auto)")
         try:
             return LongContextSpec(lengths=value).lengths
         except ValidationError as exc:

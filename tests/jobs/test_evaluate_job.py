@@ -80,7 +80,8 @@ def test_submit_refuses_a_run_outside_the_workspace_or_without_a_model(tiny_ws):
         api.submit_job("evaluate", {"run": "runs/tiny"}, workspace=tiny_ws)
     with pytest.raises(ConfigError, match=r"lengths: .*lengths must be 'auto' or a non-empty list of lengths >= 16"):
         api.submit_job("evaluate", {**CONFIG, "lengths": [8, 64]}, workspace=tiny_ws)
-    with pytest.raises(ConfigError, match="lengths takes 'auto' or token counts separated by commas, got '1k'"):
+    with pytest.raises(ConfigError, match=r"^invalid evaluate config: lengths: Value error, lengths takes whole numbers separated by commas, "
+                       r"such as 256,1024 \(or auto\); got '1k'$"):
         api.submit_job("evaluate", {**CONFIG, "lengths": "1k"}, workspace=tiny_ws)
     assert api.list_jobs(workspace=tiny_ws) == []
 
