@@ -24,6 +24,7 @@ from jobs.records import JobInfo
 
 DEFAULT_LIMIT = 20  # items per task the form proposes (0: every item)
 LENGTHS_HINT = "256,1024,2048,4096"  # the context lengths the empty state suggests
+NO_VALUE = "–"  # a table cell without a number (a retention where the teacher scores 0), never "None"
 
 
 def _results(job: JobInfo) -> dict[str, dict] | None:
@@ -112,8 +113,9 @@ def _compare(sources: list[tuple[JobInfo, dict[str, dict]]]) -> None:
     st.caption("Bars: the headline metric of each task (acc_norm for ARC-challenge and HellaSwag, else acc), error "
                "bars ±1 standard error. diff is student − teacher on the same items, with its 95% paired-bootstrap "
                "interval: an interval that excludes 0 is a real change.")
-    st.dataframe(_table(runs), hide_index=True, width="stretch",
-                 column_config={"retention": st.column_config.NumberColumn(format=f"%{RATIO_FORMAT}")})
+    st.dataframe(_table(runs), hide_index=True, width="stretch", placeholder=NO_VALUE,
+                 column_config={"retention": st.column_config.NumberColumn(
+                     format=f"%{RATIO_FORMAT}", help=f"student / teacher; {NO_VALUE} where the teacher scores 0")})
 
 
 def _long_context_sources(job: common.Conversion) -> list[tuple[str, LongContextResult]]:

@@ -79,6 +79,15 @@ def test_a_retention_near_1_shows_its_difference_from_1(evaluated_ws):
     assert column_format(at.dataframe[0], "retention") % 1.0012 == "1.001"
 
 
+def test_a_task_the_teacher_scores_0_shows_no_retention_rather_than_none(fresh_ws):
+    finished_job(fresh_ws, "convert", {"seed": 0}, "tiny-test",
+                 {"student_ppl": 10.0, "tasks": {"results": {"lolcats_kjv_next": entry(0.0, 0.2, 0.05)}}})
+    at = open_page(PAGE)
+    assert not at.exception
+    assert at.dataframe[0].value["retention"].isna().all()
+    assert at.dataframe[0].proto.placeholder == "–"  # the cell's text: a dash, not "None"
+
+
 def test_one_run_alone_names_the_bars_teacher_and_student(evaluated_ws):
     ws, conversion, evaluation = evaluated_ws
     at = open_page(PAGE)
