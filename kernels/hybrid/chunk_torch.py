@@ -97,12 +97,13 @@ def _grouped(x: torch.Tensor, Hkv: int) -> torch.Tensor:
     return x.view(x.shape[0], Hkv, x.shape[1] // Hkv, *x.shape[2:])
 
 
-def window_terms(q, k, va, mask, kind: str, w: int, scale: float, extra=None) -> torch.Tensor:
+def window_terms(q, k, va, mask, kind: str, w: int, scale: float, extra=None, tile: int | None = None) -> torch.Tensor:
     """Softmax window terms [B, H, L, d + 1]: sum_{j in W(n)} exp(s_nj - c_n) [v_j, 1] (not yet times g).
 
-    Queries are cut into blocks of w; block i sees key blocks i-1 and i, so scores are
-    [B, Hkv, L/w, G w, 2w] (banded, O(L w)); the G query heads of a KV head share one matrix
-    product per block. Without autograd the score tensor is reused in place.
+    Queries are cut into blocks of ``tile`` T (default w; for a sliding window any divisor of w,
+    :func:`window_tile`); block i sees key blocks i - w/T to i, so scores are
+    [B, Hkv, L/T, G T, w + T] (banded, O(L (w + T))); the G query heads of a KV head share one
+    matrix product per block. Without autograd the score tensor is reused in place.
     ``extra``: None, or s further softmax keys every query may see, ``(keys [B, Hkv, s, d],
     augmented values [B, Hkv, s, d + 1], visible [B, L, s] bool)``, appended to every block's keys
     (the sink tokens; ``visible`` must exclude a key that the band already holds for that query).
@@ -110,30 +111,32 @@ def window_terms(q, k, va, mask, kind: str, w: int, scale: float, extra=None) ->
     B, H, L, d = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
-    qb = _grouped(_tiles(q * scale, w), Hkv).transpose(2, 3)  # [B, Hkv, nb, G, w, d]
+    T = tile or w
+    m = w // T  # key blocks before the query's own
+    qb = _grouped(_tiles(q * scale, T), Hkv).transpose(2, 3)  # [B, Hkv, nb, G, T, d]
     nb = qb.shape[2]
-    kb = _pad_len(_tiles(k, w), 2, 1, 0)  # one block of zeros in front: [B, Hkv, nb + 1, w, d]
-    vb = _pad_len(_tiles(va, w), 2, 1, 0)
-    mb = _pad_len(_tiles(mask[:, None, :, None], w), 2, 1, 0)[:, 0, :, :, 0]  # [B, nb + 1, w]
-    kb = torch.cat([kb[:, :, :-1], kb[:, :, 1:]], dim=3)  # [B, Hkv, nb, 2w, d]
-    vb = torch.cat([vb[:, :, :-1], vb[:, :, 1:]], dim=3)
-    mb = torch.cat([mb[:, :-1], mb[:, 1:]], dim=2)  # [B, nb, 2w]
+    kb = _pad_len(_tiles(k, T), 2, m, 0)  # m blocks of zeros in front: [B, Hkv, nb + m, T, d]
+    vb = _pad_len(_tiles(va, T), 2, m, 0)
+    mb = _pad_len(_tiles(mask[:, None, :, None], T), 2, m, 0)[:, 0, :, :, 0]  # [B, nb + m, T]
+    kb = torch.cat([kb[:, :, j : j + nb] for j in range(m + 1)], dim=3)  # [B, Hkv, nb, w + T, d]
+    vb = torch.cat([vb[:, :, j : j + nb] for j in range(m + 1)], dim=3)
+    mb = torch.cat([mb[:, j : j + nb] for j in range(m + 1)], dim=2)  # [B, nb, w + T]
 
-    r = torch.arange(w, device=q.device)[:, None]  # query offset in its block
-    c = torch.arange(2 * w, device=q.device)[None, :]  # key offset from the previous block's start
+    r = torch.arange(T, device=q.device)[:, None]  # query offset in its block
+    c = torch.arange(w + T, device=q.device)[None, :]  # key offset from the start of block i - m
     band = c <= w + r  # causal
     if kind == "sliding_window":
         band = band & (c > r)  # the last w keys
-    allowed = band[None, None, None, None] & mb[:, None, :, None, None, :]  # [B, 1, nb, 1, w, 2w]
-    if extra is not None:  # the extra keys after each block's band: [.., 2w + s]
+    allowed = band[None, None, None, None] & mb[:, None, :, None, None, :]  # [B, 1, nb, 1, T, w + T]
+    if extra is not None:  # the extra keys after each block's band: [.., w + T + s]
         ek, ev, visible = extra
         kb = torch.cat([kb, ek[:, :, None].expand(-1, -1, nb, -1, -1).to(kb.dtype)], dim=3)
         vb = torch.cat([vb, ev[:, :, None].expand(-1, -1, nb, -1, -1).to(vb.dtype)], dim=3)
-        seen = _tiles(visible[:, None], w)[:, 0].bool()  # [B, nb, w, s]
-        allowed = torch.cat([allowed.expand(B, 1, nb, 1, w, 2 * w), seen[:, None, :, None]], dim=-1)
+        seen = _tiles(visible[:, None], T)[:, 0].bool()  # [B, nb, T, s]
+        allowed = torch.cat([allowed.expand(B, 1, nb, 1, T, w + T), seen[:, None, :, None]], dim=-1)
     nk = kb.shape[3]
 
-    s = torch.matmul(qb.reshape(B, Hkv, nb, G * w, d), kb.transpose(-1, -2)).view(B, Hkv, nb, G, w, nk)
+    s = torch.matmul(qb.reshape(B, Hkv, nb, G * T, d), kb.transpose(-1, -2)).view(B, Hkv, nb, G, T, nk)
     inplace = not s.requires_grad  # inference: one score buffer, no temporaries of its size
     s = s.masked_fill_(~allowed, float("-inf")) if inplace else s.masked_fill(~allowed, float("-inf"))
     cmax = s.amax(dim=-1, keepdim=True)
@@ -143,8 +146,18 @@ def window_terms(q, k, va, mask, kind: str, w: int, scale: float, extra=None) ->
         p = s.sub_(cmax).clamp_(min=EXP_FLOOR).exp_().mul_(allowed)
     else:
         p = torch.exp((s - cmax).clamp(min=EXP_FLOOR)) * allowed
-    out = torch.matmul(p.view(B, Hkv, nb, G * w, nk), vb).view(B, Hkv, nb, G, w, d + 1)
-    return out.transpose(2, 3).reshape(B, H, nb * w, d + 1)[:, :, :L]
+    out = torch.matmul(p.view(B, Hkv, nb, G * T, nk), vb).view(B, Hkv, nb, G, T, d + 1)
+    return out.transpose(2, 3).reshape(B, H, nb * T, d + 1)[:, :, :L]
+
+
+def window_tile(kind: str, w: int) -> int:
+    """The query block of :func:`window_terms` and tile of :func:`history_terms` for a window of w:
+    w for the terraced window (its tiles are its rule); for a sliding window the largest divisor
+    of w up to w / 3 and at least 16 (each query then scores w + T keys instead of 2w and the
+    history's partial tile is T long; measured in docs/kernels.md), else w."""
+    if kind != "sliding_window":
+        return w
+    return next((t for t in range(w // 3, 15, -1) if w % t == 0), w)
 
 
 def _shifted_bmm(a: torch.Tensor, b: torch.Tensor, shift: int, tiles: int) -> torch.Tensor:
@@ -154,6 +167,7 @@ def _shifted_bmm(a: torch.Tensor, b: torch.Tensor, shift: int, tiles: int) -> to
     n = a.shape[0]
     if shift == 0:
         return torch.bmm(a, b)
+    shift = min(shift, n)
     if a.requires_grad or b.requires_grad:
         out = torch.cat([a.new_zeros(shift, a.shape[1], b.shape[2]), torch.bmm(a[shift:], b[: n - shift])])
     else:
@@ -168,8 +182,8 @@ def history_terms(qf, kf, va, tile: int, lag: int, partial: bool, decay: torch.T
 
     For a query at offset r of tile i, Hist(n) holds every key of tiles <= i - lag and, when
     ``partial``, the keys of tile i - lag + 1 at offsets <= r. So with tile = C: causal linear
-    (lag 1, partial); with tile = w: sliding-window history j <= n - w (lag 2, partial) and the
-    terraced history, all tiles before the previous one (lag 2). Prefix states per tile are
+    (lag 1, partial); with tile T dividing w: sliding-window history j <= n - w (lag w / T + 1,
+    partial); with tile = w: the terraced history, all tiles before the previous one (lag 2). Prefix states per tile are
     [B, Hkv, G, L/tile, F, d + 1] (O(L / tile F d)); the partial tile is a masked [tile, tile] product.
     qf, kf: [B, H, L, F] (kf zero at padded keys); va: [B, Hkv, L, d + 1] (augmented values).
 
@@ -239,8 +253,9 @@ def _terms(q, k, v, q_feat, k_feat, mix, rule: WindowRule, attention_mask, scale
     else:
         w = window_size
         g = torch.sigmoid(mix.float()).view(1, H, 1, 1)
-        window = window_terms(q, k, va, mask, kind, w, scale, extra)
-        history = history_terms(qf, kf, va, w, lag=2, partial=kind == "sliding_window", decay=decay)
+        tile = window_tile(kind, w)  # the sliding window's history: every key up to n - w, m = w / tile tiles back
+        window = window_terms(q, k, va, mask, kind, w, scale, extra, tile)
+        history = history_terms(qf, kf, va, tile, lag=w // tile + 1, partial=kind == "sliding_window", decay=decay)
         t = window * g + history if window.requires_grad else window.mul_(g).add_(history)
     return restore_rows(t, shift)
 

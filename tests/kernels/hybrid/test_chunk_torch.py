@@ -200,3 +200,26 @@ def test_key_features_per_key_value_head_match_the_oracle_with_gradients(kind, s
                                  decay=per_query[1])
     assert rel_err(y, ref, mask) <= 1e-5
     assert_gradients_match(kind, y, ref, mask, leaves, ref_leaves)
+
+
+@pytest.mark.parametrize("w, tile", [(48, 16), (64, 16), (126, 42)])
+def test_a_sliding_window_in_several_tiles_matches_the_oracle_with_gradients(w, tile):
+    """A sliding window cut into query blocks of a divisor of w (each block scoring w + T keys, the
+    history's partial tile T long): outputs and every gradient against the float64 oracle, with
+    sinks, a decaying history, key features per key/value head and left padding, over many tiles."""
+    from kernels.hybrid.chunk_torch import window_tile
+
+    assert window_tile("sliding_window", w) == tile and window_tile("terraced", w) == w
+    q, k, v, qf, kf, mix, mask = make_inputs(2, 6, 2, 3 * w + 7, 16, 8, pads=[0, w // 2 + 3])
+    kf = kf[:, ::3].contiguous()
+    decay = torch.tensor([0.9, 0.99]).log()
+    rule = WindowRule("sliding_window", w, 4)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, qf, kf, mix, decay)]
+    y = hybrid_attention(*leaves[:6], rule, mask, decay=leaves[6], backend="torch")
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, qf, kf, mix, decay)]
+    ref = naive_hybrid_attention(*ref_leaves[:4], ref_leaves[4].repeat_interleave(3, dim=1), ref_leaves[5], rule, mask,
+                                 decay=ref_leaves[6].repeat_interleave(3))
+    assert rel_err(y, ref, mask) <= 1e-5
+    with torch.no_grad():  # inference: the in-place path
+        assert rel_err(hybrid_attention(q, k, v, qf, kf, mix, rule, mask, decay=decay, backend="torch"), ref, mask) <= 1e-5
+    assert_gradients_match("sliding_window", y, ref, mask, leaves, ref_leaves)
