@@ -1,7 +1,8 @@
 """The workspace folder: everything a run produces lives below it.
 
 Layout: ``workbench.db`` (job database), ``models/`` (cached model folders), ``runs/<name>/``
-(resolved config, checkpoints, logs, report). The folder is ``--workspace`` when given, else the
+(resolved config, checkpoints, logs, report), ``servers/`` (the records and logs of the exports the
+workbench serves, ``serving.servers``). The folder is ``--workspace`` when given, else the
 ``LOLCATS_WORKSPACE`` environment variable, else ``./workspace``.
 """
 
@@ -11,6 +12,7 @@ import os
 from pathlib import Path
 
 ENV_VAR = "LOLCATS_WORKSPACE"
+SERVERS_DIR = "servers"
 
 
 class WorkspaceError(ValueError):

@@ -39,9 +39,9 @@ def server_command(export_dir: str | os.PathLike, host: str = "127.0.0.1", port:
                    dtype: str = "auto", max_model_len: int | None = None) -> list[str]:
     """The command line that serves ``export_dir`` (checked first: :func:`serving.spec.read_export_config`)
     at ``http://host:port/v1``, the model named by its folder's name. ``max_model_len``: the longest
-    prompt plus completion; default the model's positions (``max_position_embeddings``)."""
+    prompt plus completion, at most the model's positions (``max_position_embeddings``, the default)."""
     config = read_export_config(export_dir)
-    length = max_model_len or config.get("max_position_embeddings")
+    length = min(filter(None, (max_model_len, config.get("max_position_embeddings"))), default=None)
     command = [str(serving_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(export_dir),
                "--served-model-name", Path(export_dir).resolve().name, "--host", host, "--port", str(port),
                "--dtype", dtype]
@@ -75,6 +75,12 @@ def stop_server(process: subprocess.Popen, timeout: float = 30) -> None:
             process.wait()
 
 
+def curl_line(host: str, port: int, name: str) -> str:
+    """A shell command that asks the server at ``host:port`` serving model ``name`` for a completion."""
+    return (f"curl http://{host}:{port}/v1/completions -H 'Content-Type: application/json' "
+            f"-d '{{\"model\": \"{name}\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'")
+
+
 def serve(export_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000, say=print, **options) -> int:
     """Serve ``export_dir`` until interrupted (Ctrl-C or SIGTERM, which stop the server too); the
     server's exit status."""
@@ -83,8 +89,7 @@ def serve(export_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 80
     process = start_server(export_dir, host, port, **options)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so that the server is stopped below
     say(f"serving {export_dir} at http://{host}:{port}/v1 (OpenAI-compatible; Ctrl-C stops it); try\n"
-        f"  curl http://{host}:{port}/v1/completions -H 'Content-Type: application/json' "
-        f"-d '{{\"model\": \"{Path(export_dir).resolve().name}\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'")
+        f"  {curl_line(host, port, Path(export_dir).resolve().name)}")
     try:
         return process.wait()
     except KeyboardInterrupt:

@@ -1,5 +1,6 @@
 """Chat: the same message answered by the teacher (original softmax attention) and the student
-(LoLCATs attention) of a finished conversion, side by side, with speed and memory per answer.
+(LoLCATs attention) of a finished conversion, side by side, with speed and memory per answer; and,
+when an export is served through vLLM (the Jobs page's Serve), the served model's answer beside them.
 
 Works while a conversion runs: it reads the finished run folder and never touches the worker.
 """
@@ -10,10 +11,10 @@ import os
 
 import streamlit as st
 
-from app import common, generation
+from app import common, generation, served
 
-WHO = {"teacher": "Teacher · softmax attention", "student": "Student · LoLCATs attention"}
-AVATAR = {"teacher": ":material/school:", "student": ":material/bolt:"}
+WHO = {"teacher": "Teacher · softmax attention", "student": "Student · LoLCATs attention", "served": "Served · vLLM"}
+AVATAR = {"teacher": ":material/school:", "student": ":material/bolt:", "served": ":material/dns:"}
 MEMORY_LABEL = {"teacher": "KV cache", "student": "state + window cache"}
 PRECISIONS = {"as trained": None, "bfloat16": "bfloat16"}  # label -> dtype given to load_converted
 TIMING_NOTE = (
@@ -67,7 +68,7 @@ def _stats(who: str, a: dict) -> str:
 
 def _show_answer(who: str, a: dict) -> None:
     with st.chat_message("assistant", avatar=AVATAR[who]):
-        st.markdown(f"**{WHO[who]}**")
+        st.markdown(f"**{WHO[who]}**" + (f" `{a['model']}`" if a.get("model") else ""))
         if a.get("unavailable"):
             st.warning(f"Teacher unavailable: {a['unavailable']}", icon=":material/school:")
         elif a.get("error"):
@@ -82,8 +83,8 @@ def _show_exchange(ex: dict) -> None:
         st.markdown(ex["message"])
     if ex.get("notice"):
         st.warning(ex["notice"], icon=":material/content_cut:")
-    cols = st.columns(2)
-    for col, who in zip(cols, ("teacher", "student")):
+    who_answered = [who for who in WHO if who in ex]
+    for col, who in zip(st.columns(len(who_answered)), who_answered):
         with col:
             _show_answer(who, ex[who])
     _memory_note(ex)
@@ -124,6 +125,32 @@ def _answer_live(lm, prepared, who: str, settings) -> dict:
     return a
 
 
+def _served_choice() -> served.servers.Server | None:
+    """A model served through vLLM (started on the Jobs page) to ask as well, if the user picks one."""
+    live = {server.name: server for server in served.running()}
+    if not live:
+        return None
+    pick = st.selectbox("Also ask a served model", ["none", *live], key="chat_served",
+                        help="An export served through vLLM (the Jobs page's Serve): it answers the same prompt "
+                             "tokens with the same settings. Served from the same export as this student, greedy, "
+                             "its answer is the student's.")
+    return live.get(pick)
+
+
+def _answer_served(server, prepared, settings) -> dict:
+    with st.chat_message("assistant", avatar=AVATAR["served"]):
+        st.markdown(f"**{WHO['served']}** `{server.name}`")
+        with st.spinner(f"Asking {server.url}..."):
+            a = served.answer(server, prepared.input_ids[0].tolist(), settings.max_new_tokens, settings.temperature,
+                              settings.top_p)
+        if a.get("error"):
+            st.error(f"The served model failed: {a['error']}")
+        else:
+            st.markdown(a["text"].strip() or "_(empty answer: only whitespace or special tokens)_")
+            st.caption(_stats("served", a) + " (over HTTP, prompt included)")
+    return {**a, "model": server.name}
+
+
 def _warm_up_once(lm, prepared, settings) -> None:
     """:func:`app.generation.warm_up` before this session's first timed answer from ``lm``."""
     warm = st.session_state.setdefault("chat_warm_models", set())
@@ -151,6 +178,7 @@ def main() -> None:
         st.error(f"Could not load {job.title} from {job.run_dir}: {exc}")
         return
     settings, context = _settings(generation.context_limit(lm.model))
+    server = _served_choice()
     history = st.session_state.setdefault("chat_history", {}).setdefault(str(job.run_dir), [])
     if history and st.button("Clear the conversation", key="chat_clear", icon=":material/delete:"):
         history.clear()
@@ -174,7 +202,7 @@ def main() -> None:
         st.warning(prepared.notice, icon=":material/content_cut:")
     exchange = {"message": message, "notice": prepared.notice, "prompt_tokens": prepared.prompt_tokens}
     _warm_up_once(lm, prepared, settings)
-    cols = st.columns(2)
+    cols = st.columns(3 if server else 2)
     unavailable = generation.teacher_unavailable(lm)
     for col, who in zip(cols, ("teacher", "student")):
         with col:
@@ -183,6 +211,9 @@ def main() -> None:
                 _show_answer(who, exchange[who])
             else:
                 exchange[who] = _answer_live(lm, prepared, who, settings)
+    if server:
+        with cols[2]:
+            exchange["served"] = _answer_served(server, prepared, settings)
     history.append(exchange)
     _memory_note(exchange)
     _busy_warning()

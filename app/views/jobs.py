@@ -1,8 +1,9 @@
 """Jobs: every job with its live state (from the database, so a reload or a second browser shows the
 same thing), cancel and resume, export, a new conversion from a job's config (edit and relaunch for
 a failed one), logs, the headline figures of a finished conversion, the config as YAML, and the
-error that ended a job (its tab only when there is one). Below, the finished run folders and exports
-no job made, with the same actions: export, a new conversion from the config, evaluate, delete."""
+error that ended a job (its tab only when there is one); an export serves through vLLM from here.
+Below, the finished run folders and exports no job made, with the same actions: export, a new
+conversion from the config, evaluate, delete, serve."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pandas as pd
 import streamlit as st
 import yaml
 
-from app import common
+from app import common, served
 from app.charts.style import RATIO_FORMAT
 from app.navigation import page
 from core.config import PRESET_DESCRIPTIONS
@@ -179,6 +180,8 @@ def _details(job: JobInfo) -> None:
     if result is not None and job.kind == common.CONVERT:
         _headline(job, result)
     _actions(job)
+    if result is not None and job.kind == common.EXPORT and (export_dir := common.workspace() / result["folder"]).is_dir():
+        served.panel(export_dir, f"job{job.id}")
     meta = {"kind": job.kind, "attempt": job.attempt, "created": common.local_time(job.created_at),
             "started": common.local_time(job.started_at), "finished": common.local_time(job.finished_at),
             "heartbeat": common.local_time(job.heartbeat_at), "process": job.pid, "worker": job.worker_id,
@@ -372,9 +375,12 @@ def _folder_actions(conversion: common.Conversion) -> None:
     with c4.popover("Delete", icon=":material/delete:", help="Delete this folder."):
         st.markdown(f":red[The folder `{conversion.name}` and everything in it are deleted for good.]")
         if st.button(f"Delete {conversion.name}", key=f"folder_delete_{key}", type="primary"):
+            served.stop_if_served(conversion.run_dir)
             delete_folder(common.workspace(), conversion.run_dir)
             st.session_state["flash"] = f"Deleted {conversion.name}."
             st.rerun()
+    if not is_run:
+        served.live_panel(conversion.run_dir, key)
 
 
 def folders(found: list[common.Conversion]) -> None:

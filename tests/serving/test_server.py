@@ -3,35 +3,20 @@ workbench model's greedy tokens and log-probabilities; stopping the command stop
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 
 import pytest
 
+from serving.servers import free_port, request
 from tests.serving.conftest import ENGINE_TIMEOUT_S, tiny_export, token_prompts
 from tests.serving.reference import reference_logprobs
 
 pytestmark = pytest.mark.serving
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def request(url: str, body: dict | None = None) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as response:
-        return json.loads(response.read())
 
 
 def wait_ready(url: str, process: subprocess.Popen, log) -> None:
