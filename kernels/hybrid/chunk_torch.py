@@ -29,6 +29,7 @@ from kernels.hybrid.heads import query_heads
 from kernels.hybrid.window import WindowRule, window_start
 
 LINEAR_CHUNK = 64  # chunk length of the causal linear part; any value gives the same result
+MIN_WINDOW_TILE = 32  # the shortest query block window_tile picks for a sliding window
 
 
 def _leading_pad(mask: torch.Tensor) -> torch.Tensor:
@@ -153,11 +154,12 @@ def window_terms(q, k, va, mask, kind: str, w: int, scale: float, extra=None, ti
 def window_tile(kind: str, w: int) -> int:
     """The query block of :func:`window_terms` and tile of :func:`history_terms` for a window of w:
     w for the terraced window (its tiles are its rule); for a sliding window the largest divisor
-    of w up to w / 3 and at least 16 (each query then scores w + T keys instead of 2w and the
-    history's partial tile is T long; measured in docs/kernels.md), else w."""
+    of w from 32 to w / 3 (each query then scores w + T keys instead of 2w and the history's
+    partial tile is T long; smaller blocks lose more to their count than they save:
+    benchmarks/window_tiles.py), else w."""
     if kind != "sliding_window":
         return w
-    return next((t for t in range(w // 3, 15, -1) if w % t == 0), w)
+    return next((t for t in range(w // 3, MIN_WINDOW_TILE - 1, -1) if w % t == 0), w)
 
 
 def _shifted_bmm(a: torch.Tensor, b: torch.Tensor, shift: int, tiles: int) -> torch.Tensor:

@@ -202,7 +202,7 @@ def test_key_features_per_key_value_head_match_the_oracle_with_gradients(kind, s
     assert_gradients_match(kind, y, ref, mask, leaves, ref_leaves)
 
 
-@pytest.mark.parametrize("w, tile", [(48, 16), (64, 16), (126, 42)])
+@pytest.mark.parametrize("w, tile", [(64, 64), (96, 32), (126, 42)])
 def test_a_sliding_window_in_several_tiles_matches_the_oracle_with_gradients(w, tile):
     """A sliding window cut into query blocks of a divisor of w (each block scoring w + T keys, the
     history's partial tile T long): outputs and every gradient against the float64 oracle, with
