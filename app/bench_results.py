@@ -1,6 +1,6 @@
-"""Reading benchmark job reports defensively (any field may be missing or renamed).
+"""Reading bench job reports defensively (any field may be missing or renamed).
 
-A report is the JSON a ``benchmark`` job writes: ``points`` = one row per model and point with
+A report is the JSON a ``bench`` job writes: ``points`` = one row per model and point with
 ``model`` (teacher / student), ``batch_size``, ``prompt_length`` (the context length),
 ``gen_length``, ``tokens_per_second``, ``decode_tokens_per_second``, ``prefill_tokens_per_second``,
 ``peak_memory_bytes`` and ``status`` (``ok`` / ``oom``). :func:`normalise` maps every row to those

@@ -31,7 +31,7 @@ from core.workspace import workspace_root
 from jobs import api
 from jobs.db import open_db
 from jobs.errors import JobsError
-from jobs.kinds import BENCHMARK, CONVERT, EXPORT  # noqa: F401 - the kinds the pages name as common.CONVERT, ...
+from jobs.kinds import BENCH, CONVERT, EXPORT  # noqa: F401 - the kinds the pages name as common.CONVERT, ...
 from jobs.records import JobInfo, MetricPoint
 
 DEMO_PRESET = "cpu-demo"  # the conversion the empty states offer to launch

@@ -26,7 +26,7 @@ PAGES = (  # in menu order; the first one opens by default
     Page("budgets", "views/budgets.py", "Budgets", ":material/tune:", "Convert"),
     Page("attention", "views/attention.py", "Attention", ":material/grid_on:", "Inspect"),
     Page("chat", "views/chat.py", "Chat", ":material/forum:", "Inspect"),
-    Page("throughput", "views/throughput.py", "Throughput", ":material/speed:", "Inspect"),
+    Page("bench", "views/bench.py", "Benchmark", ":material/speed:", "Inspect"),
 )
 
 

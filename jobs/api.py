@@ -38,7 +38,7 @@ from jobs import store
 from jobs.db import Database, open_db
 from jobs.errors import ConfigError, InvalidTransition, ResumeConfigMismatch
 from core.io import read_json
-from jobs.kinds import get_kind, get_preset
+from jobs.kinds import get_kind, get_preset, kind_name
 from jobs.models import RESUMABLE_STATES, Job, JobEvent, JobStatus, Metric
 from jobs.records import EventInfo, JobInfo, MetricPoint, event_info, job_info, metric_point
 
@@ -69,7 +69,7 @@ def submit_job(kind: str, config: dict[str, Any] | None = None, *, name: str | N
     db = _db(workspace, db_url)
     name = _check_name(name, db.workspace)
     normalized = job_kind.normalize(dict(config or {}), db.workspace)
-    job_id = store.insert_job(db, kind, normalized, name=name, priority=int(priority))
+    job_id = store.insert_job(db, job_kind.name, normalized, name=name, priority=int(priority))
     return get_job(job_id, workspace=db.workspace, db_url=db_url)
 
 
@@ -98,7 +98,7 @@ def list_jobs(*, status: str | Iterable[str] | None = None, kind: str | None = N
                                                       f"{', '.join(valid)}")])
         stmt = stmt.where(Job.status.in_([JobStatus(s) for s in statuses]))
     if kind is not None:
-        stmt = stmt.where(Job.kind == kind)
+        stmt = stmt.where(Job.kind == kind_name(kind))
     return db.read(lambda s: [job_info(j, db.workspace) for j in s.scalars(stmt)], what="listing jobs")
 
 

@@ -35,7 +35,7 @@ from core.config import apply_overrides, deep_merge, read_yaml_mapping
 from core.config.loading import PRESET_KEY, base_preset
 from jobs import api
 from jobs.errors import ConfigError, JobsError
-from jobs.kinds import JOB_KINDS, get_preset
+from jobs.kinds import JOB_KINDS, get_preset, kind_name
 
 console = Console()
 
@@ -67,7 +67,9 @@ def _config_section(data: dict[str, Any], kind: str) -> dict[str, Any]:
 
 def _job_kind(option: str | None, from_file: str | None, from_preset: str | None, config_file: Path | None,
               preset: str | None) -> str:
-    """The one kind that ``--kind``, the file's ``kind:`` and the base preset agree on."""
+    """The one kind that ``--kind``, the file's ``kind:`` and the base preset agree on (former
+    kind names read as the kinds' current ones)."""
+    option, from_file = (None if k is None else kind_name(k) for k in (option, from_file))
     if option is not None and from_file is not None and option != from_file:
         raise ConfigError("job", [("kind", f"--kind {option} disagrees with kind: {from_file} in {config_file}")])
     given = option or from_file

@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session
 
 from core.workspace import workspace_root
 from jobs.errors import DatabaseBusyError, DatabaseDamagedError, JobsError
-from jobs.models import Base, SchemaVersion
+from jobs.models import FORMER_KIND_NAMES, Base, Job, SchemaVersion
 
 T = TypeVar("T")
 
@@ -63,8 +63,16 @@ DB_FILENAME = "workbench.db"
 # To change the schema: edit jobs/models.py, bump SCHEMA_VERSION, add UPGRADES[new] with the
 # ALTER statements that bring a previous-version database to the new shape.
 # ---------------------------------------------------------------------------------------------
-SCHEMA_VERSION = 1
-UPGRADES: dict[int, Callable[[Connection], None]] = {}
+SCHEMA_VERSION = 2
+
+
+def _rename_kinds(conn: Connection) -> None:
+    """Version 2: jobs stored under a former kind name take the kind's name."""
+    for old, new in FORMER_KIND_NAMES.items():
+        conn.execute(Job.__table__.update().where(Job.kind == old).values(kind=new))
+
+
+UPGRADES: dict[int, Callable[[Connection], None]] = {2: _rename_kinds}
 _PG_SCHEMA_LOCK_KEY = 0x10CA7  # advisory lock id that serialises schema creation on PostgreSQL
 
 

@@ -39,6 +39,7 @@ from core.lists import comma_ints
 from core.run_folder import EXPORT_CONFIG, REPORT_FILE, TASK_CACHE_DIR, is_export, is_run
 from core.workspace import safe_child
 from jobs.errors import ConfigError, UnknownKind
+from jobs.models import FORMER_KIND_NAMES
 
 
 def _inside_workspace(value: str, info: ValidationInfo) -> str:
@@ -125,7 +126,8 @@ def _problems(exc: ValidationError) -> list[tuple[str, str]]:
 JOB_KINDS: dict[str, JobKind] = {}
 
 # the names of the kinds shipped below, for the pages and commands that submit or list them
-SELFTEST, CONVERT, BENCHMARK, EVALUATE, EXPORT, BUDGETS = "selftest", "convert", "benchmark", "evaluate", "export", "budgets"
+# (bench and eval are named as their commands, `lolcats bench` and `lolcats eval`)
+SELFTEST, CONVERT, BENCH, EVAL, EXPORT, BUDGETS = "selftest", "convert", "bench", "eval", "export", "budgets"
 
 
 def register_kind(kind: JobKind, *, replace: bool = False) -> JobKind:
@@ -135,9 +137,15 @@ def register_kind(kind: JobKind, *, replace: bool = False) -> JobKind:
     return kind
 
 
+def kind_name(name: str) -> str:
+    """The name of the kind ``name`` names: itself, or the kind a former name now reads as."""
+    return FORMER_KIND_NAMES.get(name, name)
+
+
 def get_kind(name: str) -> JobKind:
+    """The registered kind of ``name`` (a former name reads as the kind's current one)."""
     try:
-        return JOB_KINDS[name]
+        return JOB_KINDS[kind_name(name)]
     except KeyError:
         raise UnknownKind(f"unknown job kind {name!r}; valid kinds: {', '.join(sorted(JOB_KINDS))}") from None
 
@@ -204,8 +212,8 @@ def _register_convert_presets() -> None:
 _register_convert_presets()
 
 
-def run_benchmark_job(config, run_dir: Path, progress) -> dict:
-    """The ``benchmark`` kind: teacher vs student throughput and memory sweep (report.json)."""
+def run_bench_job(config, run_dir: Path, progress) -> dict:
+    """The ``bench`` kind: teacher vs student throughput and memory sweep (report.json)."""
     from core.bench import run_benchmark, write_result
 
     config = config.model_copy(update={"workspace": str(Path.cwd())})  # share the workspace's model cache
@@ -215,20 +223,20 @@ def run_benchmark_job(config, run_dir: Path, progress) -> dict:
 
 
 register_kind(JobKind(
-    name=BENCHMARK,
+    name=BENCH,
     config_model="core.bench:BenchConfig",
-    run=run_benchmark_job,
+    run=run_bench_job,
     description="Throughput and memory, teacher vs converted student, over batch size and context length.",
     resume_safe=frozenset({"threads", "warmup"}),
 ))
-register_preset("bench-cpu", BENCHMARK, {"batch_sizes": [1, 4], "prompt_lengths": [256, 1024], "gen_lengths": [8],
+register_preset("bench-cpu", BENCH, {"batch_sizes": [1, 4], "prompt_lengths": [256, 1024], "gen_lengths": [8],
                                            "threads": 1},
                 "a few minutes on CPU: batch 1-4, context 256-1024")
 
 
-class EvaluateConfig(BaseModel):
-    """The ``evaluate`` kind's config: task accuracy (``tasks``) and / or quality by context length
-    (``lengths``) of one converted model, teacher vs student; :func:`check_evaluate` refuses a
+class EvalConfig(BaseModel):
+    """The ``eval`` kind's config: task accuracy (``tasks``) and / or quality by context length
+    (``lengths``) of one converted model, teacher vs student; :func:`check_eval` refuses a
     config that asks for neither."""
 
     model_config = ConfigDict(extra="forbid")
@@ -264,7 +272,7 @@ class EvaluateConfig(BaseModel):
 
 
 class Refused(ValueError):
-    """A config that validates but cannot run (an evaluate or export job's): ``field`` names the
+    """A config that validates but cannot run (an eval or export job's): ``field`` names the
     field, ``problem`` says why."""
 
     def __init__(self, field: str, problem: str):
@@ -272,7 +280,7 @@ class Refused(ValueError):
         self.field, self.problem = field, problem
 
 
-def check_evaluate(config: EvaluateConfig, workspace: Path | None) -> None:
+def check_eval(config: EvalConfig, workspace: Path | None) -> None:
     """Refuse at submit a config that asks for nothing, and a ``run`` that holds no converted model
     (reads file names only: no torch)."""
     if config.tasks is None and config.lengths is None:
@@ -285,8 +293,8 @@ def check_evaluate(config: EvaluateConfig, workspace: Path | None) -> None:
                       "finished conversion, e.g. runs/<job id>")
 
 
-def run_evaluate_job(config: EvaluateConfig, run_dir: Path, progress) -> dict:
-    """The ``evaluate`` kind (report.json), on the model loaded once: with ``tasks``, teacher and
+def run_eval_job(config: EvalConfig, run_dir: Path, progress) -> dict:
+    """The ``eval`` kind (report.json), on the model loaded once: with ``tasks``, teacher and
     student on them (each finished task is kept in ``run_dir/tasks`` and a resumed job skips it);
     with ``lengths``, the run's own evaluation step with this job's fields as overrides of its eval
     settings (core.pipeline.convert.evaluate_again, as ``lolcats eval`` runs it): the same held-out
@@ -309,10 +317,10 @@ def run_evaluate_job(config: EvaluateConfig, run_dir: Path, progress) -> dict:
 
 
 register_kind(JobKind(
-    name=EVALUATE,
-    config_model=EvaluateConfig,
-    run=run_evaluate_job,
-    check=check_evaluate,
+    name=EVAL,
+    config_model=EvalConfig,
+    run=run_eval_job,
+    check=check_eval,
     description="Task accuracy (lm-evaluation-harness) and / or quality by context length of a converted model "
                 "and its teacher (report.json).",
 ))

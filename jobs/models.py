@@ -51,6 +51,11 @@ TERMINAL_STATES = frozenset(
 RESUMABLE_STATES = frozenset({JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.INTERRUPTED})
 
 
+# Kind names jobs were stored under before the kinds took their commands' names (`lolcats bench`,
+# `lolcats eval`): the schema upgrade to version 2 renames them, and the API still accepts them.
+FORMER_KIND_NAMES = {"benchmark": "bench", "evaluate": "eval"}
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (Index("ix_jobs_status_priority", "status", "priority", "id"),)

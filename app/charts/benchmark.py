@@ -1,4 +1,4 @@
-"""Charts of benchmark results (core.bench), drawn on the Throughput page: speed and memory against batch size
+"""Charts of benchmark results (core.bench), drawn on the Benchmark page: speed and memory against batch size
 and context length, the attention-free floor, capacity under a memory budget."""
 
 from __future__ import annotations

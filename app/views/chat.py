@@ -22,7 +22,7 @@ TIMING_NOTE = (
     f"Before the first timed answer both models generated {generation.WARM_UP_TOKENS} tokens untimed, so neither "
     "time includes start-up costs (kernel compilation, memory allocation). \"First token\" includes reading the "
     "whole prompt; tok/s counts every new token over the whole answer. Each time is one run, not an average: on a "
-    "busy machine the same answer can take several times longer a moment later (the Throughput page repeats its "
+    "busy machine the same answer can take several times longer a moment later (the Benchmark page repeats its "
     "measurements and reports their spread)."
 )
 

@@ -2,8 +2,8 @@
 bars, the retention ratio student / teacher, and several runs side by side; and quality by context
 length of one conversion against the untrained sliding-window baselines and the training-free
 frontier (core.eval.long_context).
-Task results come from evaluate jobs' reports and from conversions whose config asked for tasks
-(report.json ``tasks``); long-context sections from evaluate jobs on the run, ``lolcats eval``'s
+Task results come from eval jobs' reports and from conversions whose config asked for tasks
+(report.json ``tasks``); long-context sections from eval jobs on the run, ``lolcats eval``'s
 eval.json and the conversion's report.json. A form queues an evaluation of a finished conversion
 (it never runs in the UI process)."""
 
@@ -19,7 +19,7 @@ from app.charts.style import RATIO_FORMAT
 from core.eval.long_context_result import LongContextResult
 from core.io import read_json_object
 from core.run_folder import EVAL_FILE
-from jobs.kinds import EVALUATE
+from jobs.kinds import EVAL
 from jobs.records import JobInfo
 
 DEFAULT_LIMIT = 20  # items per task the form proposes (0: every item)
@@ -28,7 +28,7 @@ NO_VALUE = "–"  # a table cell without a number (a retention where the teacher
 
 
 def _results(job: JobInfo) -> dict[str, dict] | None:
-    """The task results of a succeeded evaluate job or of a conversion that evaluated tasks."""
+    """The task results of a succeeded eval job or of a conversion that evaluated tasks."""
     report = common.report(job) or {}
     if job.kind == common.CONVERT:
         report = report.get("tasks") or {}
@@ -37,12 +37,12 @@ def _results(job: JobInfo) -> dict[str, dict] | None:
 
 
 def _label(job: JobInfo) -> str:
-    what = f"evaluation of {job.config.get('run', '?')}" if job.kind == EVALUATE else "conversion"
+    what = f"evaluation of {job.config.get('run', '?')}" if job.kind == EVAL else "conversion"
     return f"#{job.id} {job.name or ''} · {what}".replace("  ", " ")
 
 
 def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
-    """Queue an evaluate job on one finished conversion's run folder."""
+    """Queue an eval job on one finished conversion's run folder."""
     with st.expander("Evaluate a conversion", expanded=expanded, icon=":material/fact_check:"):
         st.caption("Runs the teacher (the same weights with the original attention) and the converted student "
                    "through lm-evaluation-harness on the same items, in the background like a conversion. "
@@ -66,13 +66,13 @@ def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
             conv = by_key[chosen]
             config = {"run": conv.run_dir.relative_to(common.workspace()).as_posix(), "tasks": tasks.strip() or None,
                       "limit": int(limit) or None, "lengths": lengths.strip() or None}
-            common.queue_and_show(EVALUATE, config, f"eval-{conv.tag}",
+            common.queue_and_show(EVAL, config, f"eval-{conv.tag}",
                                   lambda queued: f"Queued evaluation job #{queued.id} of {conv.title}.")
 
 
 def _active() -> None:
     """Progress of evaluations in the queue or running: items done / total of the current stage."""
-    for job in common.list_jobs(kind=EVALUATE, status=common.ACTIVE):
+    for job in common.list_jobs(kind=EVAL, status=common.ACTIVE):
         fraction = common.progress_fraction(job) or 0.0
         where = (f"{common.stage_name(job.progress_stage)} {job.progress_step}/{job.progress_total} items"
                  if job.progress_step is not None else job.status)
@@ -80,7 +80,7 @@ def _active() -> None:
 
 
 def _asked(config: dict) -> str:
-    """What an evaluate job measures: its tasks, long context at its lengths, or both."""
+    """What an eval job measures: its tasks, long context at its lengths, or both."""
     lengths = config.get("lengths")
     long = lengths and "long context " + (lengths if isinstance(lengths, str) else ",".join(map(str, lengths)))
     return " + ".join(part for part in (config.get("tasks"), long) if part)
@@ -119,11 +119,11 @@ def _compare(sources: list[tuple[JobInfo, dict[str, dict]]]) -> None:
 
 
 def _long_context_sources(job: common.Conversion) -> list[tuple[str, LongContextResult]]:
-    """``(where from, section)`` of every long-context evaluation of conversion ``job``: evaluate jobs
+    """``(where from, section)`` of every long-context evaluation of conversion ``job``: eval jobs
     on its run folder (newest first), then ``lolcats eval``'s eval.json, then its own report.json."""
     here = job.run_dir.resolve()
-    found = [(f"evaluate job #{ev.id}", common.long_context(common.report(ev)))
-             for ev in common.list_jobs(kind=EVALUATE, status="succeeded")
+    found = [(f"eval job #{ev.id}", common.long_context(common.report(ev)))
+             for ev in common.list_jobs(kind=EVAL, status="succeeded")
              if (common.workspace() / ev.config.get("run", "")).resolve() == here]
     found += [(f"`lolcats eval` ({EVAL_FILE})", common.long_context(read_json_object(job.run_dir / EVAL_FILE))),
               ("the conversion's report", common.long_context(common.report(job)))]
@@ -212,7 +212,7 @@ st.caption("Task accuracy, measured the way the field measures it: lm-evaluation
            "sliding-window baselines.")
 common.show_flash()
 conversions = common.conversions()
-sources = [(job, results) for job in [*common.list_jobs(kind=EVALUATE, status="succeeded"),
+sources = [(job, results) for job in [*common.list_jobs(kind=EVAL, status="succeeded"),
                                       *common.list_jobs(kind=common.CONVERT, status="succeeded")]
            if (results := _results(job))]
 _active()

@@ -388,7 +388,7 @@ def folders(found: list[common.Conversion]) -> None:
     st.subheader("Run folders and exports")
     st.caption("The finished run folders and exports in the workspace besides the conversion jobs' own: made on the "
                "command line, copied in, or written by an export job. The Layers, Attention, Chat, Evaluation and "
-               "Throughput pages open them too.")
+               "Benchmark pages open them too.")
     st.dataframe(_folders_table(found), hide_index=True, width="stretch",
                  column_config={"ppl ratio": st.column_config.NumberColumn(format=f"%{RATIO_FORMAT}")})
     by_key = {c.key: c for c in found}

@@ -93,7 +93,7 @@ def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[st
     return config
 
 
-EVALUATION_FIELDS = {  # an evaluation's settings (lolcats eval's flags, the evaluate job's fields) by dotted field
+EVALUATION_FIELDS = {  # an evaluation's settings (lolcats eval's flags, the eval job's fields) by dotted field
     "seq_len": "data.seq_len",
     "ppl_blocks": "eval.ppl_blocks",
     "passkey_trials": "eval.passkey_trials",

@@ -169,7 +169,7 @@ def evaluate_run(model, tokenizer, config: ConvertConfig, eval_blocks, val, teac
 def evaluate_again(model: nn.Module, tokenizer, run_config: dict, overrides: list[str], progress: ProgressCallback,
                    teacher_unavailable: str | None = None) -> dict:
     """The run's evaluation step once more, on its model loaded back from a run folder or an export
-    (``lolcats eval`` and the ``evaluate`` job): the run's own config (``run_config``, the dumped
+    (``lolcats eval`` and the ``eval`` job): the run's own config (``run_config``, the dumped
     :class:`ConvertConfig`, which an export keeps) with ``dotted.path=VALUE`` ``overrides`` applied,
     so the same held-out text (``data.eval_text``), blocks and rules as the conversion's report,
     less what needs the run's training data (validation perplexity, sample answers).

@@ -61,7 +61,7 @@ def seed(ws: Path) -> Seeded:
     convert_sw = tiny_convert_config(attention={"kind": "sliding_window"}, stage2={"enabled": False})
     bench = tiny_bench_config()
     failed = api.submit_job("selftest", {"steps": 4, "fail_at_step": 2}, name="broken", workspace=ws).id
-    jobs = [("convert", convert, "tiny-test"), ("convert", convert_sw, "tiny-sw"), ("benchmark", bench, "tiny-bench")]
+    jobs = [("convert", convert, "tiny-test"), ("convert", convert_sw, "tiny-sw"), ("bench", bench, "tiny-bench")]
     a, b, c = (api.submit_job(kind, config, name=name, workspace=ws).id for kind, config, name in jobs)
     run_worker(ws)
     for job_id, status in ((a, "succeeded"), (b, "succeeded"), (c, "succeeded"), (failed, "failed")):

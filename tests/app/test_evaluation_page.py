@@ -1,7 +1,7 @@
 """Evaluation page: teacher vs student bars with error bars, the retention ratio and the table
-show the reports' numbers, for evaluate jobs and conversions side by side; the empty state
+show the reports' numbers, for eval jobs and conversions side by side; the empty state
 queues an evaluation of a finished conversion; a conversion's long-context section (from its
-report, eval.json or an evaluate job) shows as charts, tables and its verdicts, the frontier with
+report, eval.json or an eval job) shows as charts, tables and its verdicts, the frontier with
 the conversion and the others as points."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ CONVERSION_RESULTS = {"lolcats_kjv_next": entry(0.5, 0.45, 0.11, n=5), "lolcats_
 def evaluated_ws(fresh_ws):
     conversion = finished_job(fresh_ws, "convert", {"seed": 0}, "tiny-test",
                               {"student_ppl": 10.0, "tasks": {"results": CONVERSION_RESULTS}})
-    evaluation = finished_job(fresh_ws, "evaluate", {"run": f"runs/{conversion}", "tasks": "offline", "limit": 20},
+    evaluation = finished_job(fresh_ws, "eval", {"run": f"runs/{conversion}", "tasks": "offline", "limit": 20},
                               "eval-1", {"results": EVAL_RESULTS, "config": {}})
     return fresh_ws, conversion, evaluation
 
@@ -106,7 +106,7 @@ def test_the_empty_state_queues_an_evaluation_of_a_finished_conversion(fresh_ws)
     widget(at, "number_input", "eval_limit").set_value(5).run()
     button(at, "eval_submit").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
-    queued = api.list_jobs(kind="evaluate", workspace=fresh_ws)
+    queued = api.list_jobs(kind="eval", workspace=fresh_ws)
     assert [(j.status, j.name) for j in queued] == [("queued", f"eval-{conversion}")]
     assert queued[0].config == {"run": f"runs/{conversion}", "tasks": "offline", "num_fewshot": None, "limit": 5,
                                 "batch_size": 1, "lengths": None, "sequences": None}
@@ -118,14 +118,14 @@ def test_the_form_queues_a_long_context_evaluation_and_refuses_an_empty_one(fres
     at = open_page(PAGE)
     widget(at, "text_input", "eval_tasks").set_value("")
     button(at, "eval_submit").click().run()
-    assert [e.value for e in at.error] == ["invalid evaluate config: tasks: nothing to evaluate: give tasks (offline, "
+    assert [e.value for e in at.error] == ["invalid eval config: tasks: nothing to evaluate: give tasks (offline, "
                                            "paper or lm-eval task names), lengths (auto or token counts such as "
                                            "256,1024,2048,4096), or both"]
-    assert api.list_jobs(kind="evaluate", workspace=fresh_ws) == []
+    assert api.list_jobs(kind="eval", workspace=fresh_ws) == []
     widget(at, "text_input", "eval_lengths").set_value("1024, 256")
     button(at, "eval_submit").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
-    [queued] = api.list_jobs(kind="evaluate", workspace=fresh_ws)
+    [queued] = api.list_jobs(kind="eval", workspace=fresh_ws)
     assert queued.config["tasks"] is None and queued.config["lengths"] == [256, 1024]
     assert queued.config["run"] == f"runs/{conversion}"
 
@@ -139,7 +139,7 @@ def test_without_any_conversion_the_page_offers_the_demo(fresh_ws):
 def test_a_running_evaluation_shows_items_done_of_total(evaluated_ws):
     ws, conversion, _ = evaluated_ws
     db = open_db(ws)
-    job_id = store.insert_job(db, "evaluate", {"run": f"runs/{conversion}", "tasks": "offline", "limit": 3},
+    job_id = store.insert_job(db, "eval", {"run": f"runs/{conversion}", "tasks": "offline", "limit": 3},
                               name="live")
     claim = store.claim_next_job(db, "otherhost:1:1")
     store.heartbeat(db, job_id, claim.attempt, stage="teacher_tasks", step=4, total=9, metrics={"requests": 16.0})
@@ -238,11 +238,11 @@ def test_eval_json_and_evaluate_jobs_on_the_run_supply_its_long_context(fresh_ws
     at = open_page(PAGE)
     assert figure(at, "by position")["layout"]["title"]["text"].endswith("(trained on 256 tokens)")
     assert "From `lolcats eval` (eval.json)" in texts(at)
-    evaluation = finished_job(fresh_ws, "evaluate", {"run": f"runs/{conversion}", "lengths": [256, 1024, 4096]},
+    evaluation = finished_job(fresh_ws, "eval", {"run": f"runs/{conversion}", "lengths": [256, 1024, 4096]},
                               "eval-long", {"long_context": long_context_section(worse_than_window=True)})
     at.run()
     source = widget(at, "selectbox", "long_source")
-    assert source.options == [f"evaluate job #{evaluation}", "`lolcats eval` (eval.json)"]
+    assert source.options == [f"eval job #{evaluation}", "`lolcats eval` (eval.json)"]
     assert f"The student is worse than the untrained {WINDOW_LABEL} at 4096 tokens." in [e.value for e in at.error]
     source.set_value("`lolcats eval` (eval.json)").run()
     assert not any(WINDOW_LABEL in e.value for e in at.error)

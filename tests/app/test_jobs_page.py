@@ -42,7 +42,7 @@ def test_table_shows_every_seeded_job(seeded_ws):
     s = seeded_ws
     assert rows[s.conversion]["status"].endswith("succeeded") and rows[s.conversion]["kind"] == "convert"
     assert rows[s.conversion]["progress"] == 1.0
-    assert rows[s.benchmark]["kind"] == "benchmark"
+    assert rows[s.benchmark]["kind"] == "bench"
     assert rows[s.failed]["status"].endswith("failed")
     assert "injected failure at step 2" in rows[s.failed]["error / reason"]
 

@@ -72,4 +72,4 @@ def test_past_the_listed_phases_they_are_done_and_what_follows_is_named():
     config = preset("tiny-test", eval={"tasks": "offline"}).model_dump()
     whole = overall_progress(job("long_context", 1, 3, config=config), [], NOW)
     assert whole.fraction == 1.0 and whole.after == "long-context evaluation and task accuracy"
-    assert overall_progress(dataclasses.replace(job("stage1", 1, 4), kind="benchmark"), [], NOW) is None
+    assert overall_progress(dataclasses.replace(job("stage1", 1, 4), kind="bench"), [], NOW) is None

@@ -38,20 +38,36 @@ def test_older_schema_is_upgraded_in_order(ws, monkeypatch):
     open_db(ws)
     jobs_db.close_all()
     applied = []
+    new = jobs_db.SCHEMA_VERSION + 1
 
     def add_column(conn):
-        applied.append(2)
+        applied.append(new)
         conn.execute(text("ALTER TABLE jobs ADD COLUMN note_for_upgrade_test VARCHAR(20)"))
 
-    monkeypatch.setattr(jobs_db, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(jobs_db.UPGRADES, 2, add_column)
+    monkeypatch.setattr(jobs_db, "SCHEMA_VERSION", new)
+    monkeypatch.setitem(jobs_db.UPGRADES, new, add_column)
     db = open_db(ws)
-    assert applied == [2]
-    assert schema_version(db) == 2
+    assert applied == [new]
+    assert schema_version(db) == new
     assert "note_for_upgrade_test" in {c["name"] for c in inspect(db.engine).get_columns("jobs")}
     jobs_db.close_all()
-    open_db(ws)  # already at version 2: the step does not run again
-    assert applied == [2]
+    open_db(ws)  # already at the new version: the step does not run again
+    assert applied == [new]
+
+
+def test_jobs_stored_under_former_kind_names_take_the_kinds_names(ws):
+    """A version-1 database's benchmark and evaluate jobs become bench and eval jobs; the API still
+    takes the former names, to submit and to list."""
+    db = open_db(ws)
+    ids = [store.insert_job(db, kind, {}) for kind in ("benchmark", "evaluate", "selftest")]
+    db.write(lambda s: s.execute(text("UPDATE schema_version SET version = 1")))
+    jobs_db.close_all()
+    assert schema_version(open_db(ws)) == jobs_db.SCHEMA_VERSION
+    assert [api.get_job(i, workspace=ws).kind for i in ids] == ["bench", "eval", "selftest"]
+    assert [j.id for j in api.list_jobs(kind="benchmark", workspace=ws)] == [ids[0]]
+    assert [j.id for j in api.list_jobs(kind="eval", workspace=ws)] == [ids[1]]
+    info = api.submit_job("benchmark", {}, workspace=ws)
+    assert info.kind == "bench"
 
 
 def test_newer_schema_is_refused(ws, monkeypatch):

@@ -1,5 +1,5 @@
 """One measurement, three routes: the conversion's own evaluation step, ``lolcats eval`` and the
-``evaluate`` job measure a tiny-test run (and its export) on the same text by the same rules, so
+``eval`` job measure a tiny-test run (and its export) on the same text by the same rules, so
 they report the same teacher and student perplexities and the same ``long_context`` section."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from core.eval.long_context_result import LongContextResult
 from core.progress import NullProgress
-from jobs.kinds import EvaluateConfig, run_evaluate_job
+from jobs.kinds import EvalConfig, run_eval_job
 from tests.tiny_runs import convert_tiny
 
 runner = CliRunner()
@@ -48,7 +48,7 @@ def test_the_cli_and_the_evaluate_job_measure_what_the_conversion_reported(which
 
     monkeypatch.chdir(export_workspace)  # a job runs in its workspace
     lengths = report["long_context"]["lengths"]
-    job = run_evaluate_job(EvaluateConfig(run=folder.relative_to(export_workspace).as_posix(), lengths=lengths),
+    job = run_eval_job(EvalConfig(run=folder.relative_to(export_workspace).as_posix(), lengths=lengths),
                            tmp_path / "job", NullProgress())
     _same_measurement(job, report)
 

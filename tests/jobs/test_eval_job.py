@@ -1,4 +1,4 @@
-"""The ``evaluate`` job kind: task accuracy of a tiny-test run through a real worker, its progress
+"""The ``eval`` job kind: task accuracy of a tiny-test run through a real worker, its progress
 rows, quality by context length with task accuracy in one job, the checks at submit, and a cancelled
 evaluation that resumes at its first unfinished task."""
 
@@ -21,7 +21,7 @@ CONFIG = {"run": "runs/tiny", "tasks": "offline", "limit": LIMIT}
 
 
 def test_an_evaluation_job_succeeds_with_the_report_and_progress_rows(tiny_ws, start_worker):
-    job_id = api.submit_job("evaluate", CONFIG, workspace=tiny_ws).id
+    job_id = api.submit_job("eval", CONFIG, workspace=tiny_ws).id
     worker = start_worker("--exit-when-idle")
     assert worker.wait(600) == 0, worker.output()
     info = api.get_job(job_id, workspace=tiny_ws)
@@ -46,7 +46,7 @@ def test_an_evaluation_job_succeeds_with_the_report_and_progress_rows(tiny_ws, s
 
 def test_an_evaluation_job_measures_tasks_and_quality_by_context_length(tiny_ws, start_worker):
     config = {"run": "runs/tiny", "tasks": "lolcats_kjv_next", "limit": 2, "lengths": "128, 64", "sequences": 1}
-    job = api.submit_job("evaluate", config, workspace=tiny_ws)
+    job = api.submit_job("eval", config, workspace=tiny_ws)
     assert (job.config["lengths"], job.config["sequences"]) == ([64, 128], 1)  # text read as a sorted list
     worker = start_worker("--exit-when-idle")
     assert worker.wait(600) == 0, worker.output()
@@ -71,18 +71,18 @@ def test_an_evaluation_job_measures_tasks_and_quality_by_context_length(tiny_ws,
 
 def test_submit_refuses_a_run_outside_the_workspace_or_without_a_model(tiny_ws):
     with pytest.raises(ConfigError, match="run"):
-        api.submit_job("evaluate", {**CONFIG, "run": "../elsewhere"}, workspace=tiny_ws)
+        api.submit_job("eval", {**CONFIG, "run": "../elsewhere"}, workspace=tiny_ws)
     with pytest.raises(ConfigError, match="'runs/missing' is not a converted run folder"):
-        api.submit_job("evaluate", {**CONFIG, "run": "runs/missing"}, workspace=tiny_ws)
+        api.submit_job("eval", {**CONFIG, "run": "runs/missing"}, workspace=tiny_ws)
     with pytest.raises(ConfigError, match="limit"):
-        api.submit_job("evaluate", {**CONFIG, "limit": 0}, workspace=tiny_ws)
-    with pytest.raises(ConfigError, match="^invalid evaluate config: tasks: nothing to evaluate: give tasks"):
-        api.submit_job("evaluate", {"run": "runs/tiny"}, workspace=tiny_ws)
+        api.submit_job("eval", {**CONFIG, "limit": 0}, workspace=tiny_ws)
+    with pytest.raises(ConfigError, match="^invalid eval config: tasks: nothing to evaluate: give tasks"):
+        api.submit_job("eval", {"run": "runs/tiny"}, workspace=tiny_ws)
     with pytest.raises(ConfigError, match=r"lengths: .*lengths must be 'auto' or a non-empty list of lengths >= 16"):
-        api.submit_job("evaluate", {**CONFIG, "lengths": [8, 64]}, workspace=tiny_ws)
-    with pytest.raises(ConfigError, match=r"^invalid evaluate config: lengths: Value error, lengths takes whole numbers separated by commas, "
+        api.submit_job("eval", {**CONFIG, "lengths": [8, 64]}, workspace=tiny_ws)
+    with pytest.raises(ConfigError, match=r"^invalid eval config: lengths: Value error, lengths takes whole numbers separated by commas, "
                        r"such as 256,1024 \(or auto\); got '1k'$"):
-        api.submit_job("evaluate", {**CONFIG, "lengths": "1k"}, workspace=tiny_ws)
+        api.submit_job("eval", {**CONFIG, "lengths": "1k"}, workspace=tiny_ws)
     assert api.list_jobs(workspace=tiny_ws) == []
 
 
@@ -90,7 +90,7 @@ def test_submit_refuses_a_run_outside_the_workspace_or_without_a_model(tiny_ws):
 def test_a_stopped_evaluation_resumes_at_its_first_unfinished_task(tiny_ws, start_worker, how):
     """Cancelled (a cooperative stop) or killed with SIGKILL once a task is saved: resumed without
     evaluating that task again."""
-    job_id = api.submit_job("evaluate", CONFIG, workspace=tiny_ws).id
+    job_id = api.submit_job("eval", CONFIG, workspace=tiny_ws).id
     start_worker()
     first = run_dir(tiny_ws, job_id) / "tasks" / f"{OFFLINE[0]}.json"
     wait_for(first.is_file, 300, what="the first task to finish")

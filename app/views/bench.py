@@ -1,5 +1,5 @@
-"""Throughput: tokens/s and peak memory against batch size and context length, teacher vs student,
-from benchmark jobs; and a form that queues a new benchmark (it never runs in the UI process)."""
+"""Benchmark: tokens/s and peak memory against batch size and context length, teacher vs student,
+from bench jobs; and a form that queues a new benchmark (it never runs in the UI process)."""
 
 from __future__ import annotations
 
@@ -72,12 +72,12 @@ def _launch_form(conversions: list[common.Conversion], expanded: bool) -> None:
                                            "window_size": attn.get("window_size", 64),
                                            "softmax_layers": common.softmax_layers(by_id[source])}
                 name = f"bench-{by_id[source].tag}" if source is not None else "bench"
-                job = api.submit_job(common.BENCHMARK, config, name=name, **common.ws())
+                job = api.submit_job(common.BENCH, config, name=name, **common.ws())
             except (JobsError, ValueError) as exc:
                 st.error(str(exc), icon=":material/error:")
             else:
                 st.session_state["bench_job"] = job.id
-                st.session_state["flash"] = f"Queued benchmark job #{job.id}."
+                st.session_state["flash"] = f"Queued bench job #{job.id}."
                 st.rerun()
 
 
@@ -97,14 +97,14 @@ def _estimate(batches: str, contexts: str, gen: int, repeats: int) -> None:
         tokens = _tokens(_ints(batches, "batch sizes"), _ints(contexts, "context lengths"), gen, repeats)
     except ValueError:
         return  # the launch button says what is wrong
-    for job in common.list_jobs(kind=common.BENCHMARK, status="succeeded"):
+    for job in common.list_jobs(kind=common.BENCH, status="succeeded"):
         cfg = job.config
         if not (job.started_at and job.finished_at and cfg.get("batch_sizes") and cfg.get("prompt_lengths")):
             continue
         done = _tokens(cfg["batch_sizes"], cfg["prompt_lengths"], max(cfg.get("gen_lengths") or [0]),
                        cfg.get("repeats") or 1, cfg.get("sweep") or "axes")
         seconds = (job.finished_at - job.started_at).total_seconds() * tokens / max(done, 1)
-        st.caption(f"About {common.fmt_duration(seconds)}: {tokens:,} tokens a model, at the pace of benchmark job "
+        st.caption(f"About {common.fmt_duration(seconds)}: {tokens:,} tokens a model, at the pace of bench job "
                    f"#{job.id} ({common.fmt_duration((job.finished_at - job.started_at).total_seconds())} for "
                    f"{done:,}; longer contexts cost the teacher more than their share).")
         return
@@ -228,11 +228,11 @@ def _job_view(job_id: int) -> None:
 
 
 def main() -> None:
-    st.title("Throughput")
+    st.title("Benchmark")
     common.show_flash()
     st.caption("Tokens per second and peak memory of the teacher (softmax attention, KV cache) and the student "
                "(LoLCATs attention, constant-size state) across batch sizes and context lengths.")
-    jobs = common.list_jobs(kind=common.BENCHMARK)
+    jobs = common.list_jobs(kind=common.BENCH)
     _launch_form(common.conversions(), expanded=not jobs)
     if not jobs:
         st.info("No benchmark yet: launch one above. The charts appear here when it finishes.")

@@ -1,4 +1,4 @@
-"""Throughput page: charts and table from benchmark reports (read defensively), launching a benchmark."""
+"""Benchmark page: charts and table from benchmark reports (read defensively), launching a benchmark."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.app.apptest import button, column_format, open_page, plotly_figures, 
 from tests.app.seed import tiny_convert_config
 
 
-def _finished_job(ws, report: dict, kind: str = "benchmark") -> int:
+def _finished_job(ws, report: dict, kind: str = "bench") -> int:
     """A job row that succeeded with ``report`` (what the runner records)."""
     db = open_db(ws)
     job_id = store.insert_job(db, kind, {}, name="handmade")
@@ -24,7 +24,7 @@ def _finished_job(ws, report: dict, kind: str = "benchmark") -> int:
 
 
 def test_charts_and_table_of_a_benchmark_job(seeded_ws):
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     widget(at, "selectbox", "bench_job").set_value(seeded_ws.benchmark).run()
     assert not at.exception
     report = api.job_report(seeded_ws.benchmark, workspace=seeded_ws.workspace)
@@ -64,7 +64,7 @@ def _memory_units(at) -> set[str]:
 
 
 def test_memory_reads_in_one_unit_in_charts_and_tables(seeded_ws):
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     widget(at, "selectbox", "bench_job").set_value(seeded_ws.benchmark).run()
     assert _memory_units(at) == {"GiB"}
 
@@ -92,7 +92,7 @@ FOREIGN_ONE_BATCH = {"points": [{"variant": m, "batch": 1, "context_length": c, 
 @pytest.mark.parametrize("report", [native_report([1], [64, 128]), FOREIGN_ONE_BATCH], ids=["core.bench", "foreign"])
 def test_a_single_batch_size_has_no_chart_against_it(fresh_ws, report):
     _finished_job(fresh_ws, report)
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     assert not at.exception
     titles = [str(f["layout"]["title"]["text"]) for f in plotly_figures(at)]
     assert not [t for t in titles if "batch size" in t], titles
@@ -103,14 +103,14 @@ def test_a_single_batch_size_has_no_chart_against_it(fresh_ws, report):
 
 def test_the_page_says_what_is_timed(fresh_ws):
     _finished_job(fresh_ws, native_report([1, 2], [64]))
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     assert ("Each point is timed 3 times (medians shown), after 1 untimed warm-up run of the same point (its prefill "
             "and 1 decode step). Prefill and decode are timed separately") in texts(at)
 
 
 def test_floor_ratios_near_1_show_their_difference_from_1(fresh_ws):
     _finished_job(fresh_ws, native_report([1, 2], [64], ratio=1.0012))
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     gaps = at.dataframe[1]
     assert list(gaps.value["decode student / floor"]) == [1.0012, 1.0012]
     for column in ("prefill student / teacher", "decode floor / teacher", "decode student / floor"):
@@ -124,7 +124,7 @@ def test_foreign_report_falls_back_to_the_workbench_charts(fresh_ws):
         for m in ("teacher", "student") for b in (1, 2, 4)]
         + [{"variant": "teacher", "batch": 8, "context_length": 64, "status": "oom"}]}
     job_id = _finished_job(fresh_ws, report)
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     assert widget(at, "selectbox", "bench_job").value == job_id
     assert not at.exception
     assert any("Out of memory at: teacher batch 8 context 64" in w.value for w in at.warning)
@@ -139,7 +139,7 @@ def test_capacity_run_is_drawn_with_its_budget(fresh_ws):
 
     report = capacity_result()
     _finished_job(fresh_ws, report)
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     assert not at.exception and not at.warning, [w.value for w in at.warning]
     figs = plotly_figures(at)
     assert [f["layout"]["title"]["text"] for f in figs] == ["Capacity under a 1GiB memory budget"]
@@ -153,13 +153,13 @@ def test_capacity_run_is_drawn_with_its_budget(fresh_ws):
 @pytest.mark.parametrize("report", [{}, {"points": "nothing"}, {"points": [{"model": "teacher"}]}])
 def test_unreadable_report_is_reported_not_crashed(fresh_ws, report):
     _finished_job(fresh_ws, report)
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     assert not at.exception
     assert any("holds no benchmark points" in w.value for w in at.warning)
 
 
 def test_launch_a_benchmark_from_the_page(fresh_ws):
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     assert "No benchmark yet" in texts(at)
     widget(at, "text_input", "bench_batches").set_value("1, 2").run()
     widget(at, "text_input", "bench_contexts").set_value("64 128").run()
@@ -167,10 +167,10 @@ def test_launch_a_benchmark_from_the_page(fresh_ws):
     button(at, "bench_submit").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     jobs = api.list_jobs(workspace=fresh_ws)
-    assert [(j.kind, j.status) for j in jobs] == [("benchmark", "queued")]
+    assert [(j.kind, j.status) for j in jobs] == [("bench", "queued")]
     cfg = jobs[0].config
     assert (cfg["batch_sizes"], cfg["prompt_lengths"], cfg["gen_lengths"]) == ([1, 2], [64, 128], [8])
-    assert f"Queued benchmark job #{jobs[0].id}." in texts(at)
+    assert f"Queued bench job #{jobs[0].id}." in texts(at)
 
 
 def test_benchmark_of_an_auto_conversion_gets_the_chosen_layers(fresh_ws):
@@ -183,11 +183,11 @@ def test_benchmark_of_an_auto_conversion_gets_the_chosen_layers(fresh_ws):
     claim = store.claim_next_job(db, "otherhost:1:1")
     store.mark_succeeded(db, conversion, claim.attempt, {"softmax_layers": [1], "layer_score": "kl",
                                                          "layer_scores": [0.5, 0.75]})
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     widget(at, "selectbox", "bench_source").set_value(f"job:{conversion}").run()
     button(at, "bench_submit").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
-    (bench,) = api.list_jobs(kind="benchmark", workspace=fresh_ws)
+    (bench,) = api.list_jobs(kind="bench", workspace=fresh_ws)
     attention = bench.config["attention"]
     assert attention["softmax_layers"] == [1]
     assert (attention["feature_dim"], attention["window_size"]) == (config["attention"]["feature_dim"],
@@ -195,7 +195,7 @@ def test_benchmark_of_an_auto_conversion_gets_the_chosen_layers(fresh_ws):
 
 
 def test_benchmark_settings_errors_are_shown(fresh_ws):
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     widget(at, "text_input", "bench_batches").set_value("1, two").run()
     button(at, "bench_submit").click().run()
     assert any("batch sizes takes whole numbers separated by commas" in e.value for e in at.error)
@@ -206,7 +206,7 @@ def test_benchmark_settings_errors_are_shown(fresh_ws):
 
 
 def test_the_form_starts_past_the_memory_crossover_with_repeats_help_and_a_time_estimate(seeded_ws):
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     assert not at.exception
     assert widget(at, "text_input", "bench_contexts").value == "512, 1024, 2048"
     assert widget(at, "number_input", "bench_repeats").value == 3
@@ -219,7 +219,7 @@ def test_the_form_starts_past_the_memory_crossover_with_repeats_help_and_a_time_
     done = 1 * 20 + 2 * 20 + 1 * 36
     tokens = (1 * 528 + 2 * 528 + 4 * 528 + 1 * 1040 + 1 * 2064) * 3  # the defaults, one factor at a time
     expected = fmt_duration(took * tokens / done)
-    assert f"About {expected}: {tokens:,} tokens a model, at the pace of benchmark job #{seeded.id}" in texts(at)
+    assert f"About {expected}: {tokens:,} tokens a model, at the pace of bench job #{seeded.id}" in texts(at)
 
 
 def test_a_benchmark_run_on_a_busy_machine_is_flagged(fresh_ws):
@@ -227,16 +227,16 @@ def test_a_benchmark_run_on_a_busy_machine_is_flagged(fresh_ws):
     report["environment"] = {"cpu_count": 2, "load_average_start": [5.5, 3.0, 2.0], "load_average_end": [4.0, 3, 2],
                              "cpu_pressure": 0.05}
     _finished_job(fresh_ws, report)
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     assert not at.exception
     assert any("The machine was busy while this benchmark ran (load 5.5 on 2 cores)" in w.value for w in at.warning)
     report["environment"] = {"cpu_count": 2, "load_average_start": [0.5, 0, 0], "cpu_pressure": 0.01}
     quiet = _finished_job(fresh_ws, report)
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     widget(at, "selectbox", "bench_job").set_value(quiet).run()
     assert not any("was busy" in w.value for w in at.warning)
     report["environment"]["cpu_pressure"] = 0.35  # other tasks waiting for a CPU a third of the time
     pressed = _finished_job(fresh_ws, report)
-    at = open_page("views/throughput.py")
+    at = open_page("views/bench.py")
     widget(at, "selectbox", "bench_job").set_value(pressed).run()
     assert any("other tasks waited for a CPU 35% of the time" in w.value for w in at.warning)
