@@ -13,6 +13,9 @@ One torch thread by default: the machine is shared, and with two threads every p
 for a descheduled sibling (a scheduler time slice, ~6 ms, per op), which made decode steps of this
 model take seconds instead of ~0.1 s whenever others were busy. ``--threads 2`` on an idle machine.
 
+The student's attention is the cpu-demo preset's (``--preset`` picks another; the feature maps
+are random, which costs the same time as trained ones).
+
 Points (generation length 8, i.e. prefill + 7 timed decode steps per point): batch 1 at 1k and
 8k context, batch 8 at 1k and at 4k context. Capacity: at 8k context under a 12 GiB budget, decode
 from a synthetic cache (:mod:`core.bench.capacity`).
@@ -36,31 +39,34 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # ahead of benchmarks/, whose kernels.py would shadow the kernels package
 
 from core.bench import GIB, BenchConfig, find_point, run_benchmark, write_result
+from core.config.loading import preset_fields
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "throughput-cpu.json"
 GEN = 8
 SHORT, MID, LONG = 1024, 4096, 8192
 BUDGET = "12GiB"
+PRESET = "cpu-demo"
 
 
-def config(quick: bool, repeats: int, threads: int) -> BenchConfig:
+def config(quick: bool, repeats: int, threads: int, attention: dict) -> BenchConfig:
     if quick:
         return BenchConfig(
-            model="smollm2-135m-instruct", dtype="float32", device="cpu",
+            model="smollm2-135m-instruct", dtype="float32", device="cpu", attention=attention,
             batch_sizes=[1, 2], prompt_lengths=[128, 256], gen_lengths=[4], extra_points=[[2, 256, 4]],
             repeats=repeats, threads=threads,
         )
     return BenchConfig(
-        model="smollm2-135m-instruct", dtype="float32", device="cpu",
+        model="smollm2-135m-instruct", dtype="float32", device="cpu", attention=attention,
         batch_sizes=[1], prompt_lengths=[SHORT, LONG], gen_lengths=[GEN],
         extra_points=[[8, SHORT, GEN], [8, MID, GEN]], repeats=repeats, threads=threads,
     )
 
 
-def capacity_config(quick: bool, threads: int, budget: str) -> BenchConfig:
+def capacity_config(quick: bool, threads: int, budget: str, attention: dict) -> BenchConfig:
     return BenchConfig(
         model="smollm2-135m-instruct", dtype="float32", device="cpu", models=["teacher", "student"],
-        prompt_lengths=[256 if quick else LONG], memory_budget="1GiB" if quick else budget, threads=threads,
+        attention=attention, prompt_lengths=[256 if quick else LONG], memory_budget="1GiB" if quick else budget,
+        threads=threads,
     )
 
 
@@ -165,13 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short contexts only: a smoke run, no targets")
     parser.add_argument("--repeats", type=int, default=1, help="measurements per point and model (medians)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1, see above)")
+    parser.add_argument("--preset", default=PRESET, help=f"the student's attention is this preset's (default {PRESET})")
     parser.add_argument("--budget", default=BUDGET, help=f"memory budget of the capacity run (default {BUDGET}; '' skips it)")
     args = parser.parse_args(argv)
 
     printer = Printer()
-    result = run_benchmark(config(args.quick, args.repeats, args.threads), printer)
+    attention = preset_fields(args.preset).get("attention", {})
+    result = run_benchmark(config(args.quick, args.repeats, args.threads, attention), printer)
     if args.budget:
-        capacity = run_benchmark(capacity_config(args.quick, args.threads, args.budget), printer)
+        capacity = run_benchmark(capacity_config(args.quick, args.threads, args.budget, attention), printer)
         result["capacity"] = capacity["capacity"]
         result["capacity"]["environment"] = capacity["environment"]
         result["duration_s"] += capacity["duration_s"]

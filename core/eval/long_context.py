@@ -268,13 +268,15 @@ def long_context_report(model: nn.Module, tokenizer, spec: LongContextSpec, seq_
 
 
 def frontier_windows(chosen: list[WindowBaseline], sizes: list[int], longest: int) -> list[WindowBaseline]:
-    """The frontier's sliding windows: the memory-matched baseline and one of each size in
-    ``sizes`` with the same sinks, named ``window_<w>``; a window of the student's own baseline
-    (a linear student's is a sliding window) keeps that baseline's name, and windows whose keys
-    plus sinks cover the ``longest`` sequence (the teacher itself) are left out."""
+    """The frontier's sliding windows: the memory-matched baseline, the student's own window when
+    it is a sliding window with those sinks (measured anyway), and one of each size in ``sizes``
+    with the same sinks, named ``window_<w>``; a size equal to a baseline's window keeps that
+    baseline's name, and windows whose keys plus sinks cover the ``longest`` sequence (the teacher
+    itself) are left out."""
     matched = next(b for b in chosen if b.name == MEMORY_MATCHED)
     same = {(b.kind, b.window, b.sinks): b for b in chosen}
-    points = {matched.window: matched}
+    points = {b.window: b for b in chosen if b.kind == "sliding_window" and b.sinks == matched.sinks}
+    points[matched.window] = matched
     for w in sizes:
         points.setdefault(w, same.get(("sliding_window", w, matched.sinks),
                                       WindowBaseline(f"window_{w}", "sliding_window", w, matched.sinks)))

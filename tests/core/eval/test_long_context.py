@@ -229,3 +229,15 @@ def test_the_time_budget_drops_the_longest_lengths(tmp_path):
     spec = LongContextSpec(lengths=[64, 512], sequences=1, passkey_trials=0, time_budget_s=1e-6)
     section = long_context_report(model, tokenizer, spec, 64)
     assert section["lengths"] == [64] and section["dropped_lengths"] == [512]
+
+
+def test_a_sliding_window_students_own_window_is_a_point_of_the_frontier():
+    """The own-window baseline of a sliding-window student is measured anyway: it joins the curve
+    under its name; a terraced student's own window is no sliding window and does not."""
+    own = WindowBaseline("window", "sliding_window", 126, 4)
+    matched = WindowBaseline("memory_matched", "sliding_window", 191, 4)
+    windows = frontier_windows([own, matched], [32, 512], 4096)
+    assert [(b.name, b.window) for b in windows] == [("window_32", 32), ("window", 126), ("memory_matched", 191),
+                                                     ("window_512", 512)]
+    terraced = WindowBaseline("window", "terraced", 64, 4)
+    assert [b.name for b in frontier_windows([terraced, matched], [32], 4096)] == ["window_32", "memory_matched"]
