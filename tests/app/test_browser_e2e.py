@@ -4,9 +4,8 @@ models, export it from the Jobs page, start a new conversion from its config (a 
 refused), and open a run folder made outside the workbench on the Attention page; and a longer
 conversion's overall bar, cancelled and resumed from the Jobs page, its time left after the resume
 following the resumed attempt's pace. Screenshots go to ``$LOLCATS_ARTIFACTS_DIR`` (default
-``tmp/artifacts/e2e`` in the project); with ``LOLCATS_UPDATE_SCREENSHOT=1`` the Chat screenshot
-also replaces ``docs/screenshot.png`` (the README's image; the committed one shows a conversion of
-the bundled SmolLM2, which answers in words)."""
+``tmp/artifacts/e2e`` in the project). The README's images come from :mod:`tests.app.screenshots`
+(a conversion of the bundled SmolLM2, which answers in words)."""
 
 from __future__ import annotations
 
@@ -29,7 +28,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1500, "height": 1000}
 ARTIFACTS = Path(os.environ.get("LOLCATS_ARTIFACTS_DIR") or PROJECT_ROOT / "tmp" / "artifacts") / "e2e"
-SCREENSHOT = PROJECT_ROOT / "docs" / "screenshot.png"
 CONVERSION_TIMEOUT_S = 150
 
 pytestmark = [
@@ -187,15 +185,11 @@ def test_launch_watch_inspect_and_chat(page, running_app, workspace, requests_ma
     assert stats.count() == 2
     page.get_by_text("Teacher · softmax attention").first.wait_for()
     page.get_by_text("Student · LoLCATs attention").first.wait_for()
-    chat = _shot(page, "5-chat")
-
-    if os.environ.get("LOLCATS_UPDATE_SCREENSHOT") == "1":
-        SCREENSHOT.parent.mkdir(exist_ok=True)
-        shutil.copy(chat, SCREENSHOT)
+    _shot(page, "5-chat")
     _export_and_reuse(page, workspace, job.id)
     _cli_run_on_the_attention_page(page, workspace, job.id)
     _cli_run_exported_from_the_jobs_page(page, workspace)
-    for title in ("Evaluation", "Budgets", "Throughput"):  # the pages not opened above
+    for title in ("Evaluation", "Budgets", "Benchmark"):  # the pages not opened above
         _goto(page, title)
         _idle(page)
     assert requests_made and _left_the_machine(requests_made) == []  # the app works offline
