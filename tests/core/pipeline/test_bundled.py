@@ -16,7 +16,7 @@ from core.config import BUNDLED_MODEL, preset
 from core.eval.long_context_result import LongContextResult
 
 STEPS = 2
-SEQ_LEN = 256  # four tiles of the preset's 64-token terraced window (which spans up to two): linear beyond
+SEQ_LEN = 256  # twice the preset's 126-key sliding window: the linear history holds the older half
 LAYERS = 30  # SmolLM2-135M's decoder layers, all converted (the preset keeps none as softmax)
 CONFIG = preset(
     "cpu-demo",
@@ -51,8 +51,11 @@ def test_the_bundled_model_converts_with_a_consistent_report(bundled_run):
     assert report["data"]["seq_len"] == SEQ_LEN
     section = LongContextResult.model_validate(report["long_context"])
     matched = section.baselines["memory_matched"]
-    # the default frontier windows below the longest length (512 + 4 sinks covers it), and the memory-matched one
-    assert [p.window for p in section.frontier.points] == sorted([32, 128, matched.window])
+    # the preset's frontier windows below the longest length (512 + 4 sinks covers it), the student's own
+    # sliding window and the memory-matched one
+    own = section.baselines["window"]
+    assert (own.kind, own.window) == ("sliding_window", 126)
+    assert [p.window for p in section.frontier.points] == sorted([32, own.window, matched.window])
     assert section.frontier.student_bytes == section.state_bytes_per_layer
     assert {v.against for v in section.verdicts} == {"window", "memory_matched", "frontier"}
 
@@ -65,4 +68,4 @@ def test_the_bundled_run_loads_back_with_every_layer_linearized(bundled_run, wor
     assert is_linearized(model)
     modules = lolcats_modules(model)
     assert sorted(modules) == list(range(LAYERS))
-    assert {m.kind for m in modules.values()} == {"terraced"}
+    assert {m.kind for m in modules.values()} == {"sliding_window"}
