@@ -274,12 +274,10 @@ def frontier_windows(chosen: list[WindowBaseline], sizes: list[int], longest: in
     baseline's name, and windows whose keys plus sinks cover the ``longest`` sequence (the teacher
     itself) are left out."""
     matched = next(b for b in chosen if b.name == MEMORY_MATCHED)
-    same = {(b.kind, b.window, b.sinks): b for b in chosen}
     points = {b.window: b for b in chosen if b.kind == "sliding_window" and b.sinks == matched.sinks}
     points[matched.window] = matched
     for w in sizes:
-        points.setdefault(w, same.get(("sliding_window", w, matched.sinks),
-                                      WindowBaseline(f"window_{w}", "sliding_window", w, matched.sinks)))
+        points.setdefault(w, WindowBaseline(f"window_{w}", "sliding_window", w, matched.sinks))
     return [b for w, b in sorted(points.items()) if b is matched or w + b.sinks < longest]
 
 
