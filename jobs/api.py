@@ -31,7 +31,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from core.config import config_diff
+from core.config import config_diff, current_names
 from core.run_folder import REPORT_FILE
 from core.workspace import runs_dir, safe_child
 from jobs import store
@@ -174,8 +174,9 @@ def resume_job(job_id: int, config: dict[str, Any] | None = None, *, workspace: 
     """Requeue a failed, cancelled or interrupted job as attempt+1; it continues from its checkpoint.
 
     With ``config`` (a full config of the job's kind), only the kind's ``resume_safe`` fields may
-    differ from the stored config; any other difference raises ResumeConfigMismatch listing
-    every changed field with its old and new value, and nothing changes.
+    differ from the stored config (its former field names read as the current ones); any other
+    difference raises ResumeConfigMismatch listing every changed field with its old and new value,
+    and nothing changes.
     """
     db = _db(workspace, db_url)
     info = get_job(job_id, workspace=db.workspace, db_url=db_url)
@@ -188,7 +189,7 @@ def resume_job(job_id: int, config: dict[str, Any] | None = None, *, workspace: 
     if config is not None:
         kind = get_kind(info.kind)
         normalized = kind.normalize(dict(config), db.workspace)
-        changes = config_diff(info.config, normalized)
+        changes = config_diff(current_names(info.config), normalized)  # stored before a rename: as it reads now
         refused = [c for c in changes if c.field.split(".")[0] not in kind.resume_safe]
         if refused:
             raise ResumeConfigMismatch(job_id, refused)

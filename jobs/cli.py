@@ -31,7 +31,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from core.cli.common import PRESET_HELP, SET_HELP, WorkspaceOpt, cli_errors
-from core.config import apply_overrides, deep_merge, read_yaml_mapping
+from core.config import apply_overrides, current_names, deep_merge, read_yaml_mapping
 from core.config.loading import PRESET_KEY, base_preset
 from jobs import api
 from jobs.errors import ConfigError, JobsError
@@ -107,7 +107,7 @@ def submit(
     base = get_preset(preset) if preset is not None else None
     job_kind = _job_kind(kind, data.pop("kind", None), base and base.kind, config_file, preset)
     file_name, file_priority = data.pop("name", None), data.pop("priority", None)
-    config = deep_merge(base.config if base else {}, _config_section(data, job_kind))
+    config = deep_merge(base.config if base else {}, current_names(_config_section(data, job_kind)))
     config = apply_overrides(config, sets)
     priority = priority if priority is not None else int(file_priority or 0)
     info = api.submit_job(job_kind, config, name=name or file_name or preset, priority=priority,

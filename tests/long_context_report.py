@@ -1,5 +1,6 @@
 """A ``long_context`` report section (core.eval.long_context) with hand-picked numbers, for the tests
-of what shows it: the Jobs and Evaluation pages, the terminal and the model card."""
+of what shows it: the Jobs and Evaluation pages, the terminal and the model card; and the passkey
+section of reports written before the long-context grid was the only passkey measurement."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ MARGIN = 0.01  # nats: every verdict's noise margin here
 KV_BYTES = 1536
 STATE_BYTES = 502272  # (323 + 4) x 1536: the memory-matched window's bytes
 FRONTIER_RATIOS = {32: [1.10, 1.40, 1.60], 128: [1.03, 1.15, 1.30], 323: [1.01, 1.04, 1.02], 512: [1.0, 1.02, 1.01]}
+# passkey accuracy over long_context_section()'s grid: teacher 5.75 / 6 cells, student 3.75 / 6
+GRID_ACCURACY = {"teacher": 5.75 / 6, "student": 0.625}
+# a report's top-level ``passkey`` section when the evaluation measured a short grid of its own
+FORMER_PASSKEY = {"student": [{"length": 256, "depth": 0.5, "accuracy": 0.5}],
+                  "teacher": [{"length": 256, "depth": 0.5, "accuracy": 1.0}],
+                  "student_accuracy": 0.5, "teacher_accuracy": 1.0}
 
 
 def long_context_section(worse_than_window: bool = False, older: bool = False) -> dict:

@@ -19,6 +19,7 @@ from app import common, served
 from app.charts.style import RATIO_FORMAT
 from app.navigation import page
 from core.config import PRESET_DESCRIPTIONS
+from core.eval.long_context_result import passkey_accuracy
 from core.run_folder import delete_folder
 from jobs import api
 from jobs.errors import JobsError
@@ -231,18 +232,17 @@ def _running(job: JobInfo) -> None:
 
 
 def _headline(job: JobInfo, result: dict) -> None:
-    """The conversion's figures in one row: perplexities, their ratio, passkey accuracy, time taken;
-    under it the ratio at the training length and at the longest evaluated length against the
-    student-window baseline, with a warning when that untrained baseline beats the student."""
+    """The conversion's figures in one row: perplexities, their ratio, passkey accuracy over the
+    grid, time taken; under it the ratio at the training length and at the longest evaluated length
+    against the student-window baseline, with a warning when that untrained baseline beats the student."""
     cols = st.columns(5)
     cols[0].metric("Teacher perplexity", common.fmt_number(result.get("teacher_ppl")))
     cols[1].metric("Student perplexity", common.fmt_number(result.get("student_ppl")))
     cols[2].metric("Ratio", common.fmt_ratio(result.get("ppl_ratio")), help="student / teacher perplexity at the "
                    "training length (lower is better; 1.000 = as good as the teacher)")
-    passkey = result.get("passkey") or {}
+    passkey = passkey_accuracy(result) or {}
     cols[3].metric("Passkey (student / teacher)",
-                   f"{common.fmt_number(passkey.get('student_accuracy'), 2)} / "
-                   f"{common.fmt_number(passkey.get('teacher_accuracy'), 2)}")
+                   f"{common.fmt_number(passkey.get('student'), 2)} / {common.fmt_number(passkey.get('teacher'), 2)}")
     seconds = (result.get("timings") or {}).get("total_s")
     if seconds is None and job.started_at and job.finished_at:
         seconds = (job.finished_at - job.started_at).total_seconds()

@@ -1,13 +1,14 @@
-"""``lolcats eval``: held-out perplexity, per-layer attention MSE, passkey retrieval and quality by
-context length (``--lengths``, against the untrained sliding-window baselines) of a converted model,
-or, with ``--tasks``, task accuracy of teacher and student through lm-evaluation-harness.
+"""``lolcats eval``: held-out perplexity, per-layer attention MSE and quality by context length
+(``--lengths``, against the untrained sliding-window baselines, with the passkey grid) of a
+converted model, or, with ``--tasks``, task accuracy of teacher and student through lm-evaluation-harness.
 
 Without ``--tasks`` it runs the conversion's own evaluation step again (:func:`core.pipeline.convert.evaluate_again`)
 on the loaded model, under the run's own eval settings with the flags given as dotted overrides of
 them (``--set`` takes any), less what needs the run's training data (validation perplexity, sample
-answers); prints a short summary (teacher and student perplexity, their ratio, passkey accuracy),
-the long-context tables and verdicts, and writes the whole report, per-layer values included, as
-JSON (default ``<run>/eval.json``).
+answers); prints a short summary (teacher and student perplexity, their ratio, passkey accuracy
+over the grid), the long-context tables and verdicts, and writes the whole report, per-layer
+values included, as JSON (default ``<run>/eval.json``). ``--passkey-grid-trials`` is the former
+name of ``--passkey-trials``.
 With ``--tasks``: prints one row per task (teacher, student, paired difference and its 95% interval)
 and writes :func:`core.eval.harness.evaluate_tasks`'s result JSON (default ``<run>/tasks.json``).
 """
@@ -21,7 +22,7 @@ import typer
 from rich.table import Table
 
 from core.cli.common import SET_HELP, RichProgress, WorkspaceOpt, cli_errors, console
-from core.eval.long_context_result import LongContextResult, read_long_context
+from core.eval.long_context_result import LongContextResult, passkey_accuracy, read_long_context
 from core.lists import comma_ints
 from core.run_folder import EVAL_FILE, TASKS_FILE
 
@@ -29,15 +30,16 @@ OUTCOME_STYLES = {"worse": "bold red", "level": "yellow", "better": "green"}
 
 
 def summary_table(report: dict) -> Table:
-    """Teacher and student perplexity, their ratio and passkey accuracy (``-``: not measured)."""
-    key = report["passkey"]
+    """Teacher and student perplexity, their ratio and passkey accuracy over the grid
+    (:func:`core.eval.long_context_result.passkey_accuracy`; ``-``: not measured)."""
+    key = passkey_accuracy(report)
     table = Table(show_header=True)
     for column in ("", "teacher", "student"):
         table.add_column(column, justify="right" if column else "left")
     teacher_ppl, ratio = (f"{report[k]:.3f}" if report[k] is not None else "-" for k in ("teacher_ppl", "ppl_ratio"))
     table.add_row("held-out perplexity", teacher_ppl, f"{report['student_ppl']:.3f}")
     table.add_row("ppl ratio (student / teacher)", "", ratio)
-    table.add_row("passkey accuracy", *(f"{key[f'{m}_accuracy']:.0%}" if key else "-" for m in ("teacher", "student")))
+    table.add_row("passkey accuracy", *(f"{key[m]:.0%}" if key else "-" for m in ("teacher", "student")))
     return table
 
 
@@ -119,8 +121,11 @@ def evaluate(
                                              "perplexity (default: the run's eval.ppl_blocks; --blocks is the old "
                                              "name)."),
     seq_len: Optional[int] = typer.Option(None, help="Block length for perplexity (default: the run's data.seq_len)."),
-    passkey_trials: Optional[int] = typer.Option(None, min=0, help="Passkey trials per length and depth (default: "
-                                                 "the run's eval.passkey_trials; 0 skips the passkey test)."),
+    passkey_trials: Optional[int] = typer.Option(None, min=0, help="Passkey keys per length and depth of the "
+                                                 "passkey grid, measured with quality by context length (default: "
+                                                 "the run's eval.long_context.passkey_trials; 0: no passkey grid)."),
+    former_passkey_trials: Optional[int] = typer.Option(None, "--passkey-grid-trials", min=0, hidden=True,
+                                                        help="The former name of --passkey-trials."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Task accuracy instead: comma-separated lm-eval task "
                                         "names (piqa,arc_easy,...), 'paper' (the LoLCATs suite) or 'offline' (the "
                                         "bundled tasks, no network)."),
@@ -134,18 +139,15 @@ def evaluate(
                                           "eval.long_context)."),
     sequences: Optional[int] = typer.Option(None, "--sequences", min=1, help="Held-out sequences of the longest "
                                             "length (default: the run's eval.long_context.sequences)."),
-    grid_trials: Optional[int] = typer.Option(None, "--passkey-grid-trials", min=0, help="Passkey keys per length "
-                                              "and depth of the long-context grid (default: the run's "
-                                              "eval.long_context.passkey_trials; 0: no grid)."),
     sets: list[str] = typer.Option([], "--set", help=SET_HELP + " Applies to the run's own config before measuring "
                                    "(eval.* and data.eval_text are what an evaluation reads)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help=f"JSON report (default: RUN/{EVAL_FILE}, "
                                           f"with --tasks RUN/{TASKS_FILE})."),
     workspace: Optional[Path] = WorkspaceOpt,
 ) -> None:
-    """Held-out perplexity of teacher and student, per-layer attention MSE, passkey retrieval and
-    quality by context length against the training-free frontier; with --tasks, task accuracy of
-    both through lm-evaluation-harness."""
+    """Held-out perplexity of teacher and student, per-layer attention MSE and quality by context
+    length against the training-free frontier, with the passkey grid; with --tasks, task accuracy
+    of both through lm-evaluation-harness."""
     if tasks is not None:
         from core.eval.harness import evaluate_tasks
 
@@ -161,9 +163,9 @@ def evaluate(
     from core.pipeline.convert import evaluate_again
     from core.load import load_converted
 
-    overrides = [*evaluation_overrides(seq_len=seq_len, ppl_blocks=ppl_blocks, passkey_trials=passkey_trials,
-                                       lengths=parse_lengths(lengths), sequences=sequences, grid_trials=grid_trials),
-                 *sets]
+    passkey_trials = former_passkey_trials if passkey_trials is None else passkey_trials
+    overrides = [*evaluation_overrides(seq_len=seq_len, ppl_blocks=ppl_blocks, lengths=parse_lengths(lengths),
+                                       sequences=sequences, passkey_trials=passkey_trials), *sets]
     model, tokenizer, info = load_converted(run, workspace=workspace)
     with RichProgress() as progress:
         unavailable = teacher_problem(model)  # an export whose base model cannot be loaded

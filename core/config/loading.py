@@ -5,6 +5,8 @@ A YAML file may name its base preset (``preset: cpu-demo``) and override fields 
 refused when they differ. ``--set`` items are ``dotted.path=VALUE`` (the Hydra / OmegaConf
 convention): the value is parsed as YAML (``32``, ``true``, ``[0, 15]``, ``{window_size: 32}``),
 a dotted path sets one nested field, and a mapping value merges into the section it names.
+A file or an override that sets a field under a former name
+(:data:`core.config.schema.FORMER_NAMES`) sets it under its current name.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Sequence
 import yaml
 
 from core.config.presets import PRESETS
-from core.config.schema import ConfigError, ConvertConfig, build_config
+from core.config.schema import ConfigError, ConvertConfig, build_config, current_names
 from core.config.tree import deep_merge, set_dotted
 
 PRESET_KEY = "preset"  # the key of a config file that names its base preset
@@ -73,7 +75,7 @@ def config_fields(data: dict[str, Any], what: str | Path | None, preset_name: st
     names, not yet validated; :class:`ConfigError` for an unknown or conflicting preset."""
     data = dict(data)
     name = base_preset(data.pop(PRESET_KEY, None), preset_name, what)
-    return deep_merge(preset_fields(name) if name else {}, data)
+    return deep_merge(preset_fields(name) if name else {}, current_names(data))
 
 
 def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -89,17 +91,16 @@ def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[st
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {item!r}: the value is not valid YAML ({_yaml_problem(exc)}); "
                               f"quote it, for example {path}='\"text\"'") from None
-        config = set_dotted(config, path, value)
+        config = deep_merge(config, current_names(set_dotted({}, path, value)))
     return config
 
 
 EVALUATION_FIELDS = {  # an evaluation's settings (lolcats eval's flags, the eval job's fields) by dotted field
     "seq_len": "data.seq_len",
     "ppl_blocks": "eval.ppl_blocks",
-    "passkey_trials": "eval.passkey_trials",
     "lengths": "eval.long_context.lengths",
     "sequences": "eval.long_context.sequences",
-    "grid_trials": "eval.long_context.passkey_trials",
+    "passkey_trials": "eval.long_context.passkey_trials",
 }
 
 
@@ -140,8 +141,9 @@ def base_preset(file_preset: Any, preset_name: str | None, path: str | Path | No
 
 
 def preset(name: str, **sections: Any) -> ConvertConfig:
-    """A preset with whole ``sections`` merged over it, e.g. ``preset("tiny-test", data={"seq_len": 32})``."""
-    return build_config(deep_merge(preset_fields(name), sections))
+    """A preset with whole ``sections`` merged over it, e.g. ``preset("tiny-test", data={"seq_len": 32})``;
+    former field names read as in a file."""
+    return build_config(deep_merge(preset_fields(name), current_names(sections)))
 
 
 def load_config(path: str | Path | None = None, preset_name: str | None = None,

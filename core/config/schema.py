@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from types import UnionType
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, Literal, Mapping, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.config.constants import (BUNDLED_MODEL, DATA_FORMATS, DEVICES, DTYPES, FEATURE_INITS, FEATURE_MAPS, KINDS,
                                    SOFTMAX_SCORES)
+from core.config.tree import get_dotted, has_dotted, set_dotted, without_dotted
 
 
 class ConfigError(ValueError):
@@ -204,7 +205,7 @@ class Stage2Spec(_Spec):
 class LongContextSpec(_Spec):
     """Quality by context length (:mod:`core.eval.long_context`): teacher, student, the two
     training-free sliding-window baselines and the frontier of windows on held-out contiguous text,
-    and a passkey grid."""
+    and the passkey grid (the evaluation's one passkey measurement)."""
 
     enabled: bool = True
     # context lengths in tokens, or "auto": powers of two from 256 (or seq_len, if shorter) to 8 x seq_len
@@ -244,9 +245,6 @@ class LongContextSpec(_Spec):
 class EvalSpec(_Spec):
     ppl_blocks: int = Field(16, ge=1)  # held-out blocks of seq_len tokens for perplexity
     mse_blocks: int = Field(4, ge=1)
-    passkey_lengths: list[int] = [256, 512, 1024]
-    passkey_depths: list[float] = [0.1, 0.5, 0.9]
-    passkey_trials: int = Field(2, ge=0)
     samples: int = Field(3, ge=0)
     max_new_tokens: int = Field(48, ge=1)
     # task accuracy after converting (core.eval.harness): lm-eval task names, 'paper' or 'offline'
@@ -264,6 +262,12 @@ class ConvertConfig(_Spec):
     stage2: Stage2Spec = Stage2Spec()
     eval: EvalSpec = EvalSpec()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _current_names(cls, data: Any) -> Any:
+        """Former field names (:data:`FORMER_NAMES`) read as the current ones."""
+        return current_names(data) if isinstance(data, Mapping) else data
+
     @model_validator(mode="after")
     def _window_fits(self):
         if self.attention.kind != "linear" and self.data.seq_len < self.attention.window_size:
@@ -279,6 +283,29 @@ class ConvertConfig(_Spec):
 # The layer's arguments that are such fields (core.attention.surgery reads an export's spec through it).
 PREDATING = {"attention": {"history_norm": "none", "init_history_power": 0.5, "init_history_decay": 0.995,
                            "feature_positions": "rotary", "key_map_heads": "query"}}
+
+
+# Fields renamed since configs, runs and jobs were first written: former dotted path -> current one.
+# eval.passkey_*: the evaluation once measured a short passkey grid of its own beside the
+# long-context one, which is now its only passkey measurement.
+FORMER_NAMES = {f"eval.passkey_{name}": f"eval.long_context.passkey_{name}"
+                for name in ("lengths", "depths", "trials")}
+
+
+def current_names(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Config mapping ``data`` with each field it sets under a former name (:data:`FORMER_NAMES`)
+    set under the current name instead. Where ``data`` sets both (a config stored whole before the
+    rename), the current name's value stays. Apply it to each layer a person wrote (a file, an
+    override) before merging it over a preset, so a former name overrides the preset's value."""
+    out = dict(data)
+    for former, current in FORMER_NAMES.items():
+        if not has_dotted(out, former):
+            continue
+        value = get_dotted(out, former)
+        out = without_dotted(out, former)
+        if not has_dotted(out, current):
+            out = set_dotted(out, current, value)
+    return out
 
 
 def stored_attention(saved: dict) -> AttentionSpec:

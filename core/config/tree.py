@@ -22,6 +22,25 @@ def get_dotted(config: Mapping[str, Any], path: str) -> Any:
     return config
 
 
+def has_dotted(config: Mapping[str, Any], path: str) -> bool:
+    """Whether ``config`` holds a field at dotted ``path`` (every section on the way a mapping)."""
+    head, _, rest = path.partition(".")
+    if not isinstance(config, Mapping) or head not in config:
+        return False
+    return has_dotted(config[head], rest) if rest else True
+
+
+def without_dotted(config: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """``config`` without the field at dotted ``path`` (the same fields when it holds none)."""
+    head, _, rest = path.partition(".")
+    out = dict(config)
+    if not rest:
+        out.pop(head, None)
+    elif isinstance(out.get(head), Mapping):
+        out[head] = without_dotted(out[head], rest)
+    return out
+
+
 def set_dotted(config: Mapping[str, Any], path: str, value: Any) -> dict[str, Any]:
     """``config`` with the field at dotted ``path`` (``"attention.window_size"``) set to ``value``.
 

@@ -1,1 +1,2 @@
-"""Evaluation of a converted model: perplexity, per-layer attention error, passkey retrieval, samples."""
+"""Evaluation of a converted model: perplexity, per-layer attention error, samples, and quality by
+context length with its passkey grid."""

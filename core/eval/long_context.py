@@ -40,7 +40,7 @@ from core.config import LongContextSpec
 from core.data import held_out_source, load_blocks
 from core.eval.long_context_result import (FRONTIER, MEMORY_MATCHED, STUDENT, WINDOW, FrontierAt, LongContextResult,
                                            Verdict, curve_weights, equal_quality_bytes)
-from core.eval.metrics import passkey_prompt, teacher_context
+from core.eval.metrics import teacher_context
 from core.eval.window_baseline import WindowBaseline, baselines, window_softmax
 from core.progress import NullProgress, ProgressCallback
 from core.run_folder import LONG_CONTEXT, LONG_CONTEXT_PASSKEY
@@ -174,6 +174,21 @@ def frontier(scores: dict[str, tuple[torch.Tensor, torch.Tensor]], lengths: list
             point_bytes, [p["ratios"][j] for p in points], student)).model_dump())
         verdicts.append(Verdict.judge(FRONTIER, L, student, curve, paired_margin(s_nll - mixed, L)))
     return {"points": points, "student_bytes": student_bytes, "at": at}, verdicts
+
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+QUESTION = "What is the pass key? The pass key is"
+
+
+def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> str:
+    """About ``length`` tokens of filler with the needle at fraction ``depth`` (appendix protocol)."""
+    needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
+    header = "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it. "
+    per_filler = max(len(tokenizer(FILLER, add_special_tokens=False)["input_ids"]), 1)
+    budget = length - len(tokenizer(header + needle + QUESTION, add_special_tokens=False)["input_ids"])
+    n_fill = max(budget // per_filler, 0)
+    before = int(round(n_fill * depth))
+    return header + FILLER * before + needle + FILLER * (n_fill - before) + QUESTION
 
 
 def passkey_item(tokenizer, length: int, depth: float, key: int) -> tuple[torch.Tensor, int]:
@@ -313,4 +328,4 @@ def _doublings(start: int, top: int) -> list[int]:
 
 
 __all__ = ["BUCKET_EDGES", "NOISE_BLOCK", "auto_lengths", "frontier", "frontier_windows", "held_out_sequences", "judge",
-           "long_context_report", "paired_margin", "passkey_grid", "summarise", "token_scores"]
+           "long_context_report", "paired_margin", "passkey_grid", "passkey_prompt", "summarise", "token_scores"]

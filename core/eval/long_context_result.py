@@ -5,7 +5,8 @@ terminal, the Evaluation page, the model card) draws from. Torch-free.
 Its parts: the figures by length and by position (ratios of perplexity to the teacher's, lower is
 better), the untrained window baselines, the training-free frontier (the teacher's softmax over
 sliding windows of several sizes plus the sinks, each at its key/value bytes per layer), the
-passkey grid, and the verdicts, as data:
+passkey grid (the evaluation's one passkey measurement; :func:`passkey_accuracy` also reads the
+separate passkey section of older reports), and the verdicts, as data:
 
 * :class:`Verdict`: the student against one baseline, or against the frontier at the student's own
   bytes, at one length: both ratios, ``log_diff = ln(student ratio / reference ratio)`` (the mean
@@ -193,6 +194,11 @@ class PasskeyGrid(_Section):
         """The 95 % Wilson score interval of a cell's accuracy over ``trials`` keys."""
         return wilson_interval(round(accuracy * self.trials), self.trials)
 
+    def mean(self, model: str) -> float:
+        """``model``'s accuracy over every cell of the grid."""
+        cells = [a for row in self.accuracy[model] for a in row]
+        return sum(cells) / len(cells)
+
 
 def wilson_interval(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """95 % Wilson score interval of ``hits`` successes in ``n`` trials ((0, 1) for no trial)."""
@@ -317,6 +323,20 @@ def _bytes(n: float) -> str:
     return f"{n / 2**20:.3g} MiB" if n >= 2**20 else f"{n / 2**10:.3g} KiB"
 
 
+def passkey_accuracy(report: dict | None) -> dict[str, float] | None:
+    """Teacher's and student's passkey accuracy, ``{"teacher": ..., "student": ...}``, over the
+    passkey grid of a report's ``long_context`` section. A report without that grid but with the
+    top-level ``passkey`` section the evaluation once wrote (a short grid of its own, with
+    ``teacher_accuracy`` and ``student_accuracy``) reads from that section; None when neither is there."""
+    section = read_long_context(report)
+    if section is not None and section.passkey is not None:
+        return {model: section.passkey.mean(model) for model in ("teacher", STUDENT)}
+    former = (report or {}).get("passkey")
+    if isinstance(former, dict) and {"teacher_accuracy", "student_accuracy"} <= former.keys():
+        return {model: former[f"{model}_accuracy"] for model in ("teacher", STUDENT)}
+    return None
+
+
 def read_long_context(report: dict | None) -> LongContextResult | None:
     """The typed ``long_context`` section of a report or ``eval.json``, or None when it is absent
     (older reports), null (nothing converted), has no length evaluated or does not read."""
@@ -331,4 +351,5 @@ def read_long_context(report: dict | None) -> LongContextResult | None:
 
 __all__ = ["FRONTIER", "MEMORY_MATCHED", "STUDENT", "UNMEASURED_MARGIN", "WINDOW", "Baseline", "Frontier",
            "FrontierAt", "FrontierPoint", "LengthRow", "LongContextResult", "PasskeyGrid", "PositionRow", "Scores",
-           "Verdict", "curve_weights", "equal_quality_bytes", "read_long_context", "wilson_interval"]
+           "Verdict", "curve_weights", "equal_quality_bytes", "passkey_accuracy", "read_long_context",
+           "wilson_interval"]

@@ -1,4 +1,4 @@
-"""Evaluation: held-out perplexity, per-layer attention MSE, passkey retrieval, generation samples.
+"""Evaluation: held-out perplexity, per-layer attention MSE, generation samples.
 
 Teacher numbers come from the same model object in teacher mode (converted layers compute the
 original softmax attention, LoRA adapters disabled), so no second copy of the weights is needed;
@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.config import EvalSpec, Stage1Spec
+from core.config import Stage1Spec
 from core.attention.layer import teacher_attention
 from core.attention.surgery import decoder_layers, lolcats_modules
 from core.export.teacher import swap_in_teacher
@@ -84,28 +82,6 @@ def per_layer_mse(model: nn.Module, blocks: Batch, n_blocks: int) -> list[float 
     return [float(per_layer[i]) if i in per_layer else None for i in range(n_layers)]
 
 
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-QUESTION = "What is the pass key? The pass key is"
-
-
-def passkey_prompt(tokenizer, length: int, depth: float, key: int) -> str:
-    """About ``length`` tokens of filler with the needle at fraction ``depth`` (appendix protocol)."""
-    needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
-    header = "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it. "
-    per_filler = max(len(tokenizer(FILLER, add_special_tokens=False)["input_ids"]), 1)
-    budget = length - len(tokenizer(header + needle + QUESTION, add_special_tokens=False)["input_ids"])
-    n_fill = max(budget // per_filler, 0)
-    before = int(round(n_fill * depth))
-    return header + FILLER * before + needle + FILLER * (n_fill - before) + QUESTION
-
-
-@dataclass
-class PasskeyResult:
-    length: int
-    depth: float
-    accuracy: float
-
-
 @torch.no_grad()
 def generate_text(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int) -> str:
     device = next(model.parameters()).device
@@ -113,20 +89,6 @@ def generate_text(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int)
     out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                          pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
     return tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-
-
-def passkey(model: nn.Module, tokenizer, spec: EvalSpec, seed: int = 0) -> list[PasskeyResult]:
-    rng = random.Random(seed)
-    results = []
-    for length in spec.passkey_lengths:
-        for depth in spec.passkey_depths:
-            hits = 0
-            for _ in range(spec.passkey_trials):
-                key = rng.randint(10000, 99999)
-                answer = generate_text(model, tokenizer, passkey_prompt(tokenizer, length, depth, key), 8)
-                hits += str(key) in answer
-            results.append(PasskeyResult(length, depth, hits / max(spec.passkey_trials, 1)))
-    return results
 
 
 def chat_prompt(tokenizer, message: str) -> str:

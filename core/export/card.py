@@ -1,10 +1,11 @@
 """The model card (``README.md``) of an export: what it is, how it was made, how well it does, how to load it.
 
 Written from the run folder: ``config.json`` (the conversion), ``report.json`` (teacher and
-student perplexity, per-layer attention MSE, passkey, task scores and quality by context length
-when present, timings) and the stage summaries. Training tokens are optimizer steps x batch size
-x gradient accumulation x ``data.seq_len`` per stage. Hub front matter: ``license`` (when known),
-``base_model`` (hub ids only), ``library_name: transformers`` and tags.
+student perplexity, per-layer attention MSE, passkey accuracy over the grid, task scores and
+quality by context length when present, timings) and the stage summaries. Training tokens are
+optimizer steps x batch size x gradient accumulation x ``data.seq_len`` per stage. Hub front
+matter: ``license`` (when known), ``base_model`` (hub ids only), ``library_name: transformers``
+and tags.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from core.config import ConvertConfig, stored_config
 from core.config.constants import BUNDLED_MODEL, GEMMA3_MODEL, TINY_MODEL
-from core.eval.long_context_result import LongContextResult, read_long_context
+from core.eval.long_context_result import LongContextResult, passkey_accuracy, read_long_context
 from core.models.sources import resolve_source
 from core.run_folder import REPORT_FILE
 
@@ -185,9 +186,9 @@ def _evaluation(report: dict, spec: dict) -> list[str]:
     lines = ["## Evaluation", "", "| | teacher | student |", "| --- | --- | --- |",
              f"| held-out perplexity | {report['teacher_ppl']:.3f} | {report['student_ppl']:.3f} |",
              f"| ratio (student / teacher) | | {report['ppl_ratio']:.3f} |"]
-    key = report.get("passkey")
+    key = passkey_accuracy(report)
     if key:
-        lines.append(f"| passkey accuracy | {key['teacher_accuracy']:.0%} | {key['student_accuracy']:.0%} |")
+        lines.append(f"| passkey accuracy | {key['teacher']:.0%} | {key['student']:.0%} |")
     lines += _task_rows(report.get("tasks") or {})
     lines += ["", f"Per-layer attention-output MSE (student vs teacher): "
               f"{_mse_summary(report.get('per_layer_mse', []), spec['softmax_layers'])}.", ""]

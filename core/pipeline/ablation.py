@@ -32,7 +32,8 @@ def variant_config(base: ConvertConfig, kind: str, variant: str, total_steps: in
     data["attention"]["kind"] = kind
     data["stage1"].update(enabled=s1 > 0, steps=max(s1, 1), eval_every=min(data["stage1"]["eval_every"], max(s1, 1)))
     data["stage2"].update(enabled=s2 > 0, steps=max(s2, 1), eval_every=min(data["stage2"]["eval_every"], max(s2, 1)))
-    data["eval"].update(passkey_trials=0, samples=0)
+    data["eval"]["samples"] = 0
+    data["eval"]["long_context"]["passkey_trials"] = 0
     return ConvertConfig.model_validate(data)
 
 

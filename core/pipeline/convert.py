@@ -8,10 +8,10 @@ Run folder layout (all under ``output``)::
     stage1/summary.json, stage2/summary.json   a finished stage's training summary
     softmax_choice.json  with ``attention.softmax_layers: auto``: the layers chosen after stage 1
                       and every layer's score (core.pipeline.softmax_choice)
-    report.json       teacher_ppl, student_ppl, ppl_ratio, per_layer_mse, passkey, samples, timings,
+    report.json       teacher_ppl, student_ppl, ppl_ratio, per_layer_mse, samples, timings,
                       softmax_layers (every layer left softmax), ``long_context`` (quality by context
-                      length against the sliding-window baselines and the frontier,
-                      core.eval.long_context_result),
+                      length against the sliding-window baselines and the frontier, and the passkey
+                      grid, core.eval.long_context_result),
                       ``softmax_score`` (``layer_score`` before it was named as the config
                       names it) and ``layer_scores``
                       with ``softmax_layers: auto``, and ``tasks`` (the task-accuracy result of
@@ -34,11 +34,11 @@ import torch
 from torch import nn
 
 from core.attention.surgery import linearize, softmax_layer_indices
-from core.config import ConvertConfig, EvalSpec, apply_overrides, build_config
+from core.config import ConvertConfig, apply_overrides, build_config
 from core.data import held_out_source, load_blocks, load_rows, read_options
 from core.eval.harness import check_known, evaluate_model, resolve_tasks, task_manager
 from core.eval.long_context import long_context_report
-from core.eval.metrics import passkey, per_layer_mse, perplexity, samples, teacher_context
+from core.eval.metrics import per_layer_mse, perplexity, samples, teacher_context
 from core.io import atomic_write_json
 from core.pipeline.prelude import save_stage_summary, stage_finished, stage_summary, start_run
 from core.pipeline.softmax_choice import check_budget, choose_softmax_layers
@@ -137,18 +137,17 @@ def _train_or_load(model: nn.Module, output: Path, stage: str, steps: int, train
 
 
 def evaluate_run(model, tokenizer, config: ConvertConfig, eval_blocks, val, teacher_ppl: float | None, progress, *,
-                 train_seq_len: int | None = None, with_passkey: bool = True, with_long_context: bool = True,
-                 with_samples: bool = True) -> dict:
+                 train_seq_len: int | None = None, with_long_context: bool = True, with_samples: bool = True) -> dict:
     """The evaluation step of a run: the figures of ``report.json``, and what ``lolcats eval``
     measures again on a run folder or an export.
 
     Student perplexity on ``eval_blocks`` and its ratio to ``teacher_ppl`` (measured by the caller;
     None: no teacher, no ratio), ``val_ppl`` on the validation blocks ``val`` (None: not measured),
-    per-layer attention MSE on the first ``eval.mse_blocks`` blocks, passkey retrieval of student
-    and teacher (``with_passkey=False``: None), answers to ``eval.samples`` prompts of ``data``
-    (``with_samples=False``: no ``samples`` entry) and, when ``eval.long_context`` is enabled and
-    ``with_long_context`` is True, the ``long_context`` section; ``train_seq_len`` (default
-    ``data.seq_len``) is the training block length its ``auto`` lengths are relative to."""
+    per-layer attention MSE on the first ``eval.mse_blocks`` blocks, answers to ``eval.samples``
+    prompts of ``data`` (``with_samples=False``: no ``samples`` entry) and, when ``eval.long_context``
+    is enabled and ``with_long_context`` is True, the ``long_context`` section, passkey grid
+    included; ``train_seq_len`` (default ``data.seq_len``) is the training block length its
+    ``auto`` lengths are relative to."""
     e = config.eval
     student_ppl = perplexity(model, eval_blocks, progress=progress, stage=STUDENT_EVAL)
     report = {"teacher_ppl": teacher_ppl, "student_ppl": student_ppl,
@@ -156,7 +155,6 @@ def evaluate_run(model, tokenizer, config: ConvertConfig, eval_blocks, val, teac
     if val is not None:
         report["val_ppl"] = perplexity(model, val, e.ppl_blocks, progress=progress, stage=STUDENT_VAL)
     report["per_layer_mse"] = per_layer_mse(model, eval_blocks, e.mse_blocks)
-    report["passkey"] = passkey_report(model, tokenizer, e, config.seed) if with_passkey else None
     if with_samples:
         report["samples"] = samples(model, tokenizer, _sample_prompts(config, e.samples), e.max_new_tokens)
     if e.long_context.enabled and with_long_context:
@@ -175,10 +173,10 @@ def evaluate_again(model: nn.Module, tokenizer, run_config: dict, overrides: lis
     less what needs the run's training data (validation perplexity, sample answers).
 
     The teacher's perplexity is measured on the same blocks; with ``teacher_unavailable`` (an
-    export whose base model cannot be loaded: why) there is no teacher, so no ratio, passkey or
-    long-context section. ``auto`` long-context lengths stay relative to the run's training length,
-    whatever ``data.seq_len`` the overrides set. The report adds ``teacher_unavailable``, the
-    ``eval`` settings used and ``seq_len``."""
+    export whose base model cannot be loaded: why) there is no teacher, so no ratio and no
+    long-context section (nor its passkey grid). ``auto`` long-context lengths stay relative to
+    the run's training length, whatever ``data.seq_len`` the overrides set. The report adds
+    ``teacher_unavailable``, the ``eval`` settings used and ``seq_len``."""
     trained = build_config(run_config)
     config = build_config(apply_overrides(trained.model_dump(), overrides))
     eval_blocks = eval_text_blocks(config, tokenizer)
@@ -187,25 +185,11 @@ def evaluate_again(model: nn.Module, tokenizer, run_config: dict, overrides: lis
         with teacher_context(model):
             teacher = perplexity(model, eval_blocks, progress=progress, stage=TEACHER_EVAL)
     report = evaluate_run(model, tokenizer, config, eval_blocks, None, teacher, progress,
-                          train_seq_len=trained.data.seq_len,
-                          with_passkey=bool(config.eval.passkey_trials) and teacher_unavailable is None,
-                          with_long_context=teacher_unavailable is None, with_samples=False)
+                          train_seq_len=trained.data.seq_len, with_long_context=teacher_unavailable is None,
+                          with_samples=False)
     report.setdefault("long_context", None)
     return {**report, "teacher_unavailable": teacher_unavailable,
             "eval": config.eval.model_dump(exclude={"samples", "max_new_tokens"}), "seq_len": config.data.seq_len}
-
-
-def passkey_report(model: nn.Module, tokenizer, spec: EvalSpec, seed: int) -> dict:
-    """Passkey retrieval of student and teacher: per (length, depth) results and mean accuracies."""
-    key_student = passkey(model, tokenizer, spec, seed)
-    with teacher_context(model):
-        key_teacher = passkey(model, tokenizer, spec, seed)
-    return {
-        "student": [r.__dict__ for r in key_student],
-        "teacher": [r.__dict__ for r in key_teacher],
-        "student_accuracy": sum(r.accuracy for r in key_student) / max(len(key_student), 1),
-        "teacher_accuracy": sum(r.accuracy for r in key_teacher) / max(len(key_teacher), 1),
-    }
 
 
 def _sample_prompts(config: ConvertConfig, n: int) -> list[str]:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from core.config import preset
 from jobs import api
+from tests.app.browser_steps import send_chat
 from tests.app.serving import PROJECT_ROOT, AppProcess
 from tests.app.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _goto, _shot
 
@@ -43,11 +44,7 @@ def shoot_jobs(page, steps: int) -> None:
 def shoot_chat(page) -> None:
     """The Chat page on the conversion it opens on, :data:`PROMPT` answered by both models."""
     _goto(page, "Chat")
-    box = page.get_by_test_id("stChatInputTextArea")
-    box.wait_for()
-    box.fill(PROMPT)
-    box.press("Enter")
-    page.wait_for_function("() => document.body.innerText.split('tok/s').length - 1 >= 2", timeout=600_000)
+    send_chat(page, PROMPT, timeout_ms=600_000)
     # the chat scrolls its pane to the answers; a taller viewport, scrolled back up, shows the title too
     page.set_viewport_size({**VIEWPORT, "height": CHAT_HEIGHT})
     page.evaluate("() => document.querySelectorAll('*').forEach(e => { e.scrollTop = 0; })")

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from jobs import api
+from tests.app.browser_steps import send_chat
 from tests.app.serving import PROJECT_ROOT, AppProcess
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -176,13 +177,8 @@ def test_launch_watch_inspect_and_chat(page, running_app, workspace, requests_ma
 
     # Chat: one message, both models answer
     _goto(page, "Chat")
-    box = page.get_by_test_id("stChatInputTextArea")
-    box.wait_for()
-    box.fill("Hello! What can you do?")
-    box.press("Enter")
-    stats = page.get_by_text(re.compile(r"\d+ tokens in [\d.]+ s · [\d.]+ tok/s"))
-    page.wait_for_function("() => document.body.innerText.split('tok/s').length - 1 >= 2", timeout=120_000)
-    assert stats.count() == 2
+    send_chat(page, "Hello! What can you do?", timeout_ms=120_000)
+    assert page.get_by_text(re.compile(r"\d+ tokens in [\d.]+ s · [\d.]+ tok/s")).count() == 2
     page.get_by_text("Teacher · softmax attention").first.wait_for()
     page.get_by_text("Student · LoLCATs attention").first.wait_for()
     _shot(page, "5-chat")

@@ -11,12 +11,13 @@ import pytest
 from app import forms
 from app.common import fmt_duration
 from core.config import PRESETS
+from core.eval.long_context_result import passkey_accuracy
 from jobs import api, store
 from jobs.db import open_db
 from jobs.errors import JobsError
 from tests.app.apptest import button, open_page, texts, widget
 from tests.app.seed import finished_job
-from tests.long_context_report import long_context_section
+from tests.long_context_report import FORMER_PASSKEY, long_context_section
 
 
 def _table(at):
@@ -112,9 +113,9 @@ def test_succeeded_conversion_has_its_figures_on_top_and_no_error_tab(seeded_ws)
     assert not any(tab.get("metric") for tab in at.tabs)  # the figures are not a click away
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Ratio"] == f"{report['ppl_ratio']:.3f}"
-    passkey = report["passkey"]
-    assert metrics["Passkey (student / teacher)"] == (f"{passkey['student_accuracy']:.2g} / "
-                                                     f"{passkey['teacher_accuracy']:.2g}")
+    passkey = passkey_accuracy(report)  # over the long-context section's grid
+    assert report["long_context"]["passkey"] and "passkey" not in report
+    assert metrics["Passkey (student / teacher)"] == f"{passkey['student']:.2g} / {passkey['teacher']:.2g}"
     assert metrics["Time"] == fmt_duration(report["timings"]["total_s"]) and metrics["Time"].endswith("s")
 
 
@@ -133,6 +134,16 @@ def test_conversion_headline_adds_the_longest_length_and_warns_when_the_window_w
     assert {m.label: m.value for m in at.metric}["Ratio"] == "1.001"  # 3 decimals, never "1"
     assert headline in [m.value for m in at.markdown]
     assert [w.value for w in at.warning] == ([warning] if warning else [])
+
+
+def test_a_report_with_the_passkey_section_of_its_own_shows_it_in_the_headline(fresh_ws):
+    """A report written when the evaluation measured a short passkey grid of its own."""
+    report = {"teacher_ppl": 7.0, "student_ppl": 7.0084, "ppl_ratio": 1.0012, "passkey": FORMER_PASSKEY,
+              "long_context": long_context_section(older=True) | {"passkey": None}}
+    finished_job(fresh_ws, "convert", {"data": {"seq_len": 512}}, "older", report)
+    at = open_page("views/jobs.py")
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric}["Passkey (student / teacher)"] == "0.5 / 1"
 
 
 def test_empty_state_launches_the_demo(fresh_ws):

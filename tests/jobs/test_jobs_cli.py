@@ -103,12 +103,14 @@ def test_submit_set_overrides_one_nested_field(run, ws):
 
 def test_submit_file_based_on_a_preset(run, ws, tmp_path):
     path = tmp_path / "job.yaml"
-    path.write_text("preset: tiny-test\nname: small-window\nattention:\n  window_size: 8\n")
+    path.write_text("preset: tiny-test\nname: small-window\nattention:\n  window_size: 8\n"
+                    "eval:\n  passkey_trials: 0\n")  # a former name of eval.long_context.passkey_trials
     result = run("jobs", "submit", str(path))
     assert result.exit_code == 0, result.output
     info = api.list_jobs(workspace=ws)[0]
     assert (info.kind, info.name) == ("convert", "small-window")
     assert info.config["attention"]["window_size"] == 8 and info.config["data"]["seq_len"] == 64
+    assert info.config["eval"]["long_context"]["passkey_trials"] == 0 and "passkey_trials" not in info.config["eval"]
     same = run("jobs", "submit", str(path), "--preset", "tiny-test")
     assert same.exit_code == 0, same.output
     clash = run("jobs", "submit", str(path), "--preset", "cpu-demo")

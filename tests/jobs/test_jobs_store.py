@@ -17,7 +17,7 @@ from jobs import api, db as jobs_db, store
 from jobs.db import open_db, retry_stats, schema_version
 from jobs.errors import (ConfigError, DatabaseBusyError, InvalidTransition, ResumeConfigMismatch, UnknownKind,
                          describe_failure, is_out_of_memory)
-from core.config import config_diff
+from core.config import config_diff, preset
 from jobs.models import Job, utcnow
 from jobs.supervisor import make_worker_id
 from jobs.worker import Worker, WorkerOptions
@@ -192,6 +192,16 @@ def test_resume_requeues_as_next_attempt_and_accepts_resume_safe_changes(ws):
     assert "fail_at_step: 3 -> None" in api.job_events(job_id, workspace=ws)[-1].message
     with pytest.raises(InvalidTransition, match="only failed, cancelled or interrupted"):
         api.resume_job(job_id, workspace=ws)
+
+
+def test_a_conversion_stored_with_former_field_names_resumes_with_its_config_as_it_reads_now(ws):
+    config = preset("tiny-test").model_dump(mode="json")
+    former = {"passkey_lengths": [64], "passkey_depths": [0.5], "passkey_trials": 1}  # eval.long_context.passkey_*
+    stored = {**config, "eval": {**config["eval"], **former}}
+    db = open_db(ws)
+    job_id = store.insert_job(db, "convert", stored)
+    store.mark_failed(db, job_id, store.claim_next_job(db, "w:1:1").attempt, "injected")
+    assert api.resume_job(job_id, config, workspace=ws).attempt == 2
 
 
 def test_config_diff_names_nested_fields():

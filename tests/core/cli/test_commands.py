@@ -6,9 +6,12 @@ import json
 import re
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
-from core.eval.long_context_result import LongContextResult
+from core.cli.evaluate import summary_table
+from core.eval.long_context_result import LongContextResult, passkey_accuracy
+from tests.long_context_report import FORMER_PASSKEY
 
 runner = CliRunner()
 
@@ -43,23 +46,28 @@ def test_eval_prints_a_summary_and_writes_the_report(cli, converted, workspace, 
         assert row in result.output
     assert "per_layer_mse" not in result.output  # the per-layer values go to the file only
     report = json.loads((out / "eval.json").read_text())
-    assert {"teacher_ppl", "student_ppl", "ppl_ratio", "per_layer_mse", "passkey"} <= set(report)
-    assert len(report["per_layer_mse"]) == 2 and report["passkey"]["student"]  # the run's passkey settings
+    assert {"teacher_ppl", "student_ppl", "ppl_ratio", "per_layer_mse", "long_context"} <= set(report)
+    assert "passkey" not in report  # the one passkey measurement is the long-context grid
+    grid = report["long_context"]["passkey"]
+    assert len(report["per_layer_mse"]) == 2 and grid["trials"] == 1  # the run's passkey settings
+    key = passkey_accuracy(report)
+    assert re.search(rf"passkey accuracy\W+{key['teacher']:.0%}\W+{key['student']:.0%}", result.output)
     assert report["ppl_ratio"] == pytest.approx(report["student_ppl"] / report["teacher_ppl"])
 
     chosen = tmp_path / "eval-no-passkey.json"
     result = runner.invoke(cli, ["eval", str(out), "--blocks", "2", "--seq-len", "64", "--passkey-trials", "0",
                                  "-o", str(chosen), "--workspace", str(workspace)])
     assert result.exit_code == 0, result.output
-    assert json.loads(chosen.read_text())["passkey"] is None
+    assert json.loads(chosen.read_text())["long_context"]["passkey"] is None
+    assert re.search(r"passkey accuracy\W+-\W+-", result.output)
     assert json.loads(chosen.read_text())["student_ppl"] == pytest.approx(report["student_ppl"])
 
 
 def test_eval_lengths_print_the_table_with_both_baselines_and_the_verdicts(cli, converted, workspace, tmp_path):
     out, _ = converted
     path = tmp_path / "long.json"
-    result = runner.invoke(cli, ["eval", str(out), "--blocks", "1", "--seq-len", "64", "--passkey-trials", "0",
-                                 "--lengths", "128,64", "--sequences", "1", "--passkey-grid-trials", "1",
+    result = runner.invoke(cli, ["eval", str(out), "--blocks", "1", "--seq-len", "64", "--lengths", "128,64",
+                                 "--sequences", "1", "--passkey-grid-trials", "1",  # the former --passkey-trials
                                  "-o", str(path), "--workspace", str(workspace)])
     assert result.exit_code == 0, result.output
     section = json.loads(path.read_text())["long_context"]
@@ -83,10 +91,22 @@ def test_eval_lengths_print_the_table_with_both_baselines_and_the_verdicts(cli, 
     assert bad.exit_code == 2 and "--lengths takes whole numbers separated by commas" in " ".join(bad.output.split())
 
 
-def test_eval_blocks_flag_is_named_after_the_config_field(cli):
+def test_eval_flags_are_named_after_the_config_fields(cli):
     result = runner.invoke(cli, ["eval", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and "--ppl-blocks" in result.output and "--blocks" in result.output
-    assert "default: the run's eval.ppl_blocks" in " ".join(result.output.split())
+    help_text = " ".join(result.output.replace("│", " ").split())  # one line, the help box's borders out
+    assert "default: the run's eval.ppl_blocks" in help_text
+    assert "default: the run's eval.long_context.passkey_trials" in help_text
+    assert "--passkey-grid-trials" not in help_text  # still read, under --passkey-trials' name only
+
+
+def test_the_summary_of_a_report_with_the_passkey_section_of_its_own():
+    """A report written when the evaluation measured a short passkey grid of its own."""
+    report = {"teacher_ppl": 7.0, "student_ppl": 7.5, "ppl_ratio": 7.5 / 7.0, "passkey": FORMER_PASSKEY}
+    console = Console(width=120)
+    with console.capture() as shown:
+        console.print(summary_table(report))
+    assert re.search(r"passkey accuracy\W+100%\W+50%", shown.get())
 
 
 def test_eval_has_no_preset_option(cli, converted):

@@ -108,3 +108,20 @@ def test_option_preset_is_the_base_of_a_file_without_one(tmp_path):
 def test_preset_merges_whole_sections():
     config = preset("tiny-test", data={"seq_len": 32})
     assert config.data.seq_len == 32 and config.data.val_examples == PRESETS["tiny-test"]["data"]["val_examples"]
+
+
+def test_former_passkey_fields_set_the_passkey_grid_over_the_preset(tmp_path):
+    """eval.passkey_* in a file or an override set eval.long_context.passkey_* (so
+    eval.passkey_trials=0 still skips the passkey test); one that sets both keeps the grid's own."""
+    assert PRESETS["cpu-demo"]["eval"]["long_context"]["passkey_trials"] > 0
+    skip = load_config(preset_name="cpu-demo", overrides=["eval.passkey_trials=0"])
+    assert skip.eval.long_context.passkey_trials == 0
+    merged = load_config(preset_name="cpu-demo", overrides=["eval={passkey_trials: 0, ppl_blocks: 3}"])
+    assert (merged.eval.long_context.passkey_trials, merged.eval.ppl_blocks) == (0, 3)
+    path = write(tmp_path, "preset: cpu-demo\neval: {passkey_lengths: [512], passkey_depths: [0.2, 0.8], "
+                           "passkey_trials: 1}\n")
+    grid = load_config(path).eval.long_context
+    assert (grid.passkey_lengths, grid.passkey_depths, grid.passkey_trials) == ([512], [0.2, 0.8], 1)
+    both = write(tmp_path, "eval: {passkey_trials: 0, long_context: {passkey_trials: 3}}\n", "both.yaml")
+    assert load_config(both).eval.long_context.passkey_trials == 3
+    assert preset("tiny-test", eval={"passkey_trials": 0}).eval.long_context.passkey_trials == 0

@@ -13,6 +13,7 @@ from core.config import (
     PRESETS,
     AttentionSpec,
     ConfigError,
+    ConvertConfig,
     LongContextSpec,
     apply_overrides,
     build_config,
@@ -23,7 +24,9 @@ from core.config import (
     get_dotted,
     preset,
     set_dotted,
+    stored_config,
 )
+from core.config.tree import has_dotted, without_dotted
 from kernels.hybrid.window import KINDS
 
 
@@ -64,6 +67,10 @@ def test_deep_merge_and_dotted_paths():
     assert set_dotted(base, "a.c", 9) == {"a": {"b": 1, "c": 9}, "d": 3}
     assert set_dotted(base, "x.y.z", 1) == {**base, "x": {"y": {"z": 1}}}
     assert set_dotted(base, "a", {"c": 0}) == {"a": {"b": 1, "c": 0}, "d": 3}
+    assert has_dotted(base, "a.b") and has_dotted(base, "d")
+    assert not has_dotted(base, "a.x") and not has_dotted(base, "d.x") and not has_dotted(base, "x.y")
+    assert without_dotted(base, "a.b") == {"a": {"c": 2}, "d": 3}
+    assert without_dotted(base, "d.x") == without_dotted(base, "x") == base
     assert base == {"a": {"b": 1, "c": 2}, "d": 3}  # inputs are not modified
 
 
@@ -96,8 +103,17 @@ def test_evaluation_settings_become_overrides_of_the_runs_config():
         "eval.ppl_blocks=4", "eval.long_context.enabled=true", "eval.long_context.lengths=[256, 1024]"]
     assert evaluation_overrides(lengths="off") == ["eval.long_context.enabled=false"]
     config = build_config(apply_overrides(preset("tiny-test").model_dump(), evaluation_overrides(lengths="auto",
-                                                                                              grid_trials=0)))
+                                                                                              passkey_trials=0)))
     assert (config.eval.long_context.lengths, config.eval.long_context.passkey_trials) == ("auto", 0)
     with pytest.raises(ValueError, match="unknown evaluation settings"):
         evaluation_overrides(blocks=2)
 
+
+
+def test_a_config_stored_with_the_former_passkey_fields_reads_as_the_grid_it_measured():
+    """A config stored whole before the rename holds the former eval.passkey_* (a short grid of
+    their own then) beside eval.long_context.passkey_*: the grid's own fields stay."""
+    stored = ConvertConfig().model_dump()
+    stored["eval"].update(passkey_lengths=[256, 512, 1024], passkey_depths=[0.1, 0.5, 0.9], passkey_trials=0)
+    assert stored_config(stored) == ConvertConfig()
+    assert ConvertConfig.model_validate({"eval": {"passkey_trials": 0}}).eval.long_context.passkey_trials == 0

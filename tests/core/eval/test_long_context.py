@@ -2,6 +2,7 @@
 against sums written out here, and the report of a tiny conversion."""
 
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -10,14 +11,15 @@ from torch import nn
 
 import core
 from core.config import LongContextSpec
-from core.eval.long_context import (NOISE_BLOCK, auto_lengths, frontier, frontier_windows, judge,
-                                    long_context_report, paired_margin, passkey_hit, passkey_item, resolve_lengths,
-                                    summarise)
-from core.eval.long_context_result import FRONTIER, LongContextResult
+from core.eval.long_context import (FILLER, NOISE_BLOCK, QUESTION, auto_lengths, frontier, frontier_windows, judge,
+                                    long_context_report, paired_margin, passkey_hit, passkey_item, passkey_prompt,
+                                    resolve_lengths, summarise)
+from core.eval.long_context_result import FRONTIER, LongContextResult, passkey_accuracy
 from core.eval.metrics import teacher_context
 from core.eval.window_baseline import WindowBaseline, baselines, state_bytes, window_softmax
 from tests.core.attention.test_surgery import converted, left_padded_batch, positions, rel_err
 from tests.tiny_models import byte_level_tokenizer
+from tests.long_context_report import FORMER_PASSKEY, GRID_ACCURACY, long_context_section
 from tests.tiny_runs import convert_tiny
 
 
@@ -183,6 +185,20 @@ class NextTokenOracle(nn.Module):
         return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt % 400, 400).float() * 10)
 
 
+@pytest.mark.parametrize("length", [1000, 2000])
+def test_passkey_prompt_length_and_needle_depth(length):
+    tokenizer = byte_level_tokenizer()
+    per_filler = len(tokenizer(FILLER, add_special_tokens=False)["input_ids"])
+    where = []
+    for depth in (0.0, 0.5, 1.0):
+        prompt = passkey_prompt(tokenizer, length, depth, 54321)
+        n_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        assert length - 2 * per_filler <= n_tokens <= length + 2
+        assert prompt.endswith(QUESTION) and re.search(r"The pass key is (\d+)\.", prompt).group(1) == "54321"
+        where.append(prompt.index("The pass key is 54321") / len(prompt))
+    assert where[0] < 0.4 and where[2] > 0.6 and where[0] < where[1] < where[2]
+
+
 def test_passkey_counts_a_hit_only_when_greedy_decoding_gives_every_key_token():
     tok = byte_level_tokenizer()
     ids, start = passkey_item(tok, 200, 0.5, 48213)
@@ -190,6 +206,17 @@ def test_passkey_counts_a_hit_only_when_greedy_decoding_gives_every_key_token():
     assert "48213" in tok.decode(ids[:start])  # the needle is in the prompt
     assert passkey_hit(NextTokenOracle(), ids, start)
     assert not passkey_hit(NextTokenOracle(shift=1), ids, start)
+
+
+def test_passkey_accuracy_is_the_grids_mean_or_an_older_reports_own_section():
+    section = long_context_section()
+    assert passkey_accuracy({"long_context": section}) == pytest.approx(GRID_ACCURACY)
+    assert passkey_accuracy({"long_context": section, "passkey": FORMER_PASSKEY}) == pytest.approx(GRID_ACCURACY)
+    assert passkey_accuracy({"long_context": None, "passkey": FORMER_PASSKEY}) == {"teacher": 1.0, "student": 0.5}
+    no_grid = {k: v for k, v in section.items() if k != "passkey"}
+    assert passkey_accuracy({"long_context": no_grid, "passkey": FORMER_PASSKEY}) == {"teacher": 1.0, "student": 0.5}
+    assert passkey_accuracy({"long_context": no_grid, "passkey": None}) is None  # measured with 0 trials
+    assert passkey_accuracy({}) is None and passkey_accuracy(None) is None
 
 
 def test_a_tiny_conversion_reports_quality_by_length_against_both_baselines(tmp_path):

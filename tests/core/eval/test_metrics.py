@@ -1,20 +1,18 @@
-"""core.eval.metrics called directly: perplexity, teacher_context and passkey."""
+"""core.eval.metrics called directly: perplexity and teacher_context."""
 
 import copy
 import math
-import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from core.attention.surgery import linearize, lolcats_modules
-from core.config import AttentionSpec, EvalSpec, Stage2Spec
-from core.eval import metrics
-from core.eval.metrics import passkey, passkey_prompt, perplexity, teacher_context
+from core.config import AttentionSpec, Stage2Spec
+from core.eval.metrics import perplexity, teacher_context
 from core.train.finetune_lora import wrap_for_stage2
 from core.train.lora import base_model
-from tests.tiny_models import byte_level_tokenizer, tiny_model
+from tests.tiny_models import tiny_model
 
 IDS = torch.randint(3, 101, (3, 24), generator=torch.Generator().manual_seed(0))
 
@@ -81,63 +79,3 @@ def test_teacher_context_restores_the_student_after_an_exception(converted_with_
         raise RuntimeError("inside")
     assert modes(model) == {"student"}
     torch.testing.assert_close(logits_of(model), student, rtol=0, atol=0)  # LoRA enabled again
-
-
-def read_key(prompt: str) -> int:
-    return int(re.search(r"The pass key is (\d+)\.", prompt).group(1))
-
-
-@pytest.fixture
-def answers(monkeypatch):
-    """Replace generation by a reader: ``answers["reader"](prompt)`` is the model's answer."""
-    calls = []
-    box = {"reader": lambda prompt: f" {read_key(prompt)}.", "calls": calls}
-
-    def fake_generate(model, tokenizer, prompt, max_new_tokens):
-        calls.append(prompt)
-        return box["reader"](prompt)
-
-    monkeypatch.setattr(metrics, "generate_text", fake_generate)
-    return box
-
-
-SPEC = EvalSpec(passkey_lengths=[80, 160], passkey_depths=[0.0, 0.5, 1.0], passkey_trials=3)
-
-
-def test_passkey_counts_answers_that_contain_the_key(answers):
-    tokenizer = byte_level_tokenizer()
-    results = passkey(None, tokenizer, SPEC, seed=3)
-    assert [(r.length, r.depth) for r in results] == [(n, d) for n in (80, 160) for d in (0.0, 0.5, 1.0)]
-    assert [r.accuracy for r in results] == [1.0] * 6
-    assert len(answers["calls"]) == 6 * 3 and len({read_key(p) for p in answers["calls"]}) == 18  # a new key each trial
-
-    answers["reader"] = lambda prompt: f" {read_key(prompt) + 1}"  # a near miss is a miss
-    assert [r.accuracy for r in passkey(None, tokenizer, SPEC, seed=3)] == [0.0] * 6
-
-    asked = len(answers["calls"])
-    # the first of each cell's three trials is answered wrongly
-    answers["reader"] = lambda prompt: "no idea" if (len(answers["calls"]) - asked) % 3 == 1 else str(read_key(prompt))
-    assert [r.accuracy for r in passkey(None, tokenizer, SPEC, seed=3)] == pytest.approx([2 / 3] * 6)
-
-
-def test_passkey_keys_follow_the_seed(answers):
-    tokenizer = byte_level_tokenizer()
-    passkey(None, tokenizer, SPEC, seed=3)
-    passkey(None, tokenizer, SPEC, seed=3)
-    passkey(None, tokenizer, SPEC, seed=4)
-    keys = [read_key(p) for p in answers["calls"]]
-    assert keys[:18] == keys[18:36] and keys[36:] != keys[:18]
-
-
-@pytest.mark.parametrize("length", [1000, 2000])
-def test_passkey_prompt_length_and_needle_depth(length):
-    tokenizer = byte_level_tokenizer()
-    per_filler = len(tokenizer(metrics.FILLER, add_special_tokens=False)["input_ids"])
-    positions = []
-    for depth in (0.0, 0.5, 1.0):
-        prompt = passkey_prompt(tokenizer, length, depth, 54321)
-        n_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        assert length - 2 * per_filler <= n_tokens <= length + 2
-        assert prompt.endswith(metrics.QUESTION) and read_key(prompt) == 54321
-        positions.append(prompt.index("The pass key is 54321") / len(prompt))
-    assert positions[0] < 0.4 and positions[2] > 0.6 and positions[0] < positions[1] < positions[2]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from core.cli import register
 from core.config import preset
 from core.export.card import CARD_FILE, base_model_license, model_card, training_tokens
-from tests.long_context_report import MATCHED_LABEL, WINDOW_LABEL, long_context_section
+from tests.long_context_report import FORMER_PASSKEY, MATCHED_LABEL, WINDOW_LABEL, long_context_section
 
 runner = CliRunner()
 
@@ -37,12 +37,13 @@ def test_card_describes_the_conversion_and_its_numbers(exported):
         assert f"| {row['length']} | {row['teacher_ppl']:.3f} | {row['student']['ratio']:.3f} | " in card
 
 
-def _card(run_dir, long_context) -> str:
-    """The card of a tiny-test run folder whose report holds ``long_context`` (no key when "absent")."""
+def _card(run_dir, long_context, **fields) -> str:
+    """The card of a tiny-test run folder whose report holds ``long_context`` (no key when "absent")
+    and any other ``fields``."""
     config = preset("tiny-test")
     run_dir.mkdir()
     (run_dir / "config.json").write_text(config.model_dump_json())
-    report = {"teacher_ppl": 7.0, "student_ppl": 7.5, "ppl_ratio": 7.5 / 7.0, "per_layer_mse": [0.1, 0.2]}
+    report = {"teacher_ppl": 7.0, "student_ppl": 7.5, "ppl_ratio": 7.5 / 7.0, "per_layer_mse": [0.1, 0.2], **fields}
     if long_context != "absent":
         report["long_context"] = long_context
     (run_dir / "report.json").write_text(json.dumps(report))
@@ -52,6 +53,7 @@ def _card(run_dir, long_context) -> str:
 
 def test_card_has_quality_by_context_length_and_the_verdicts(tmp_path):
     card = _card(tmp_path / "run", long_context_section())
+    assert "| passkey accuracy | 96% | 62% |" in card  # over the grid: 5.75 and 3.75 of 6 cells
     part = card[card.index("## Quality by context length"):card.index("## Loading")]
     assert "on kjv-sample, 2 held-out sequence(s); trained on 512-token blocks" in part
     table = [line for line in part.split("###")[0].splitlines() if line.startswith("| ")]
@@ -81,6 +83,13 @@ def test_card_of_a_report_written_before_the_verdicts_were_data(tmp_path):
     assert f"- **the student is worse than the untrained {MATCHED_LABEL} at 1024, 4096 tokens**\n" in part
     assert "frontier" not in part and "WORSE" not in part
     assert "- A difference within 0.5% of perplexity is called level (this evaluation predates" in part
+
+
+def test_card_of_a_report_with_the_passkey_section_of_its_own(tmp_path):
+    """A report written when the evaluation measured a short passkey grid of its own beside the long-context one."""
+    card = _card(tmp_path / "run", long_context_section(older=True) | {"passkey": None}, passkey=FORMER_PASSKEY)
+    assert "| passkey accuracy | 100% | 50% |" in card
+    assert "| 4096 | 6.000 | 1.180 | 1.450 | 1.020 | 80% |" in card
 
 
 @pytest.mark.parametrize("long_context", ["absent", None], ids=["older-report", "nothing-converted"])

@@ -36,7 +36,7 @@ def test_variants_train_the_same_total_steps(total):
 def test_variant_config_keeps_the_base_and_skips_passkey_and_samples():
     config = variant_config(BASE, "terraced", "both", 8)
     assert config.attention.kind == "terraced" and config.attention.feature_dim == BASE.attention.feature_dim
-    assert config.eval.passkey_trials == 0 and config.eval.samples == 0
+    assert config.eval.long_context.passkey_trials == 0 and config.eval.samples == 0
     assert config.eval.ppl_blocks == BASE.eval.ppl_blocks and config.data == BASE.data and config.seed == BASE.seed
     assert config.stage1.eval_every <= config.stage1.steps and config.stage2.eval_every <= config.stage2.steps
     assert config.stage1.lr == BASE.stage1.lr and config.stage2.rank == BASE.stage2.rank

@@ -23,7 +23,7 @@ CONFIG = preset(
     data={"seq_len": SEQ_LEN, "val_examples": 4, "max_examples": 48},
     stage1={"steps": STEPS, "grad_accum": 1, "eval_every": STEPS, "eval_blocks": 1},
     stage2={"steps": STEPS, "grad_accum": 1, "eval_every": STEPS, "eval_blocks": 1},
-    eval={"ppl_blocks": 2, "mse_blocks": 1, "passkey_trials": 0, "samples": 1, "max_new_tokens": 4,
+    eval={"ppl_blocks": 2, "mse_blocks": 1, "samples": 1, "max_new_tokens": 4,
           "long_context": {"lengths": [256, 512], "sequences": 1, "passkey_trials": 0}},
 )
 

@@ -57,8 +57,8 @@ def test_eval_measures_the_text_the_run_was_set_to_use(cli, tmp_path):
     text = tmp_path / "held-out.txt"
     text.write_text("\n".join(f"Line {i}: the quick brown fox {i * 7 % 13} jumps over the lazy dog." for i in range(600)))
     run, report = convert_tiny(tmp_path, data={"eval_text": str(text)},
-                               eval={"passkey_trials": 0, "long_context": {"lengths": [64, 128], "passkey_trials": 0,
-                                                                            "frontier_windows": [8]}})
+                               eval={"long_context": {"lengths": [64, 128], "passkey_trials": 0,
+                                                      "frontier_windows": [8]}})
     assert report["long_context"]["text"] == str(text)
     result = runner.invoke(cli, ["eval", str(run), "--workspace", str(tmp_path)])
     assert result.exit_code == 0, result.output

@@ -28,7 +28,7 @@ CONFIG = preset(
     data={"seq_len": TRAIN_LEN, "val_examples": 8, "max_examples": 400},
     stage1={"steps": 150, "eval_every": 75, "eval_blocks": 2},
     stage2={"enabled": False},
-    eval={"ppl_blocks": 2, "mse_blocks": 1, "passkey_trials": 0, "samples": 0,
+    eval={"ppl_blocks": 2, "mse_blocks": 1, "samples": 0,
           "long_context": {"lengths": [TRAIN_LEN, LONG], "sequences": 2, "passkey_trials": 0}},
 )
 
