@@ -1,8 +1,9 @@
 """A converted attention layer inside vLLM: the workbench's own layer, holding its state in vLLM's pages.
 
 :class:`LolcatsServingAttention` is :class:`core.attention.layer.LolcatsAttention` (same feature
-maps, mixing factors, decay or history scale, window rule and code path: ``student``) given
-vLLM's fused projections and rotary embedding, and a vLLM state layer (``MambaBase``): vLLM keeps
+maps, mixing factors, decay or history scale, window rule and code path: ``student``) given the
+fused projections, q/k norms, rotary embedding and score scale of the attention module vLLM built
+for the layer, and a vLLM state layer (``MambaBase``): vLLM keeps
 one page per running request (a "slot") holding that request's :class:`HybridState` without its
 batch dimension, and the layer reads and writes it around each call.
 
@@ -33,11 +34,10 @@ import math
 from types import SimpleNamespace
 
 import torch
+from torch import nn
 from vllm.config import get_current_vllm_config
 from vllm.forward_context import get_forward_context
-from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.mamba.abstract import MambaBase
-from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
@@ -47,14 +47,16 @@ from kernels.hybrid.recurrent_torch import HybridState
 
 OP_NAME = "lolcats_attention"
 NOT_PAGED = ("first", "seen")  # HybridState fields the page does not hold (module docstring)
+RING_AXES = {"win_k": 1, "win_v": 1, "win_pos": 0, "win_valid": 0}  # the window ring's fields: their slot axis in a page
+ADOPTED = ("o_proj", "q_norm", "k_norm")  # modules of vLLM's attention that LolcatsAttention adopts by name
 
 
-def base_stand_in(config, hidden_size: int, num_heads: int) -> SimpleNamespace:
-    """What ``LolcatsAttention`` reads from the base layer it replaces, for a layer whose projections
-    are vLLM's (built by the caller): the config, head dim and score scale."""
-    head_dim = getattr(config, "head_dim", None) or hidden_size // num_heads
-    return SimpleNamespace(config=config, layer_idx=0, head_dim=head_dim, scaling=head_dim**-0.5,
-                           q_proj=SimpleNamespace(weight=torch.empty(0, device="cpu")))
+def base_stand_in(config, head_dim: int, scaling: float, **modules: nn.Module) -> SimpleNamespace:
+    """What ``LolcatsAttention`` reads from the base layer it replaces, for a layer whose q, k, v
+    projection is vLLM's fused ``qkv_proj`` (kept by the caller): the config, head dim and score
+    scale, and ``modules`` (:data:`ADOPTED`), which it adopts under their names."""
+    return SimpleNamespace(config=config, layer_idx=0, head_dim=head_dim, scaling=scaling,
+                           q_proj=SimpleNamespace(weight=torch.empty(0, device="cpu")), **modules)
 
 
 def state_layout(layer: LolcatsAttention, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
@@ -76,13 +78,35 @@ def paged(layout: list[tuple[str, tuple[int, ...], torch.dtype]]) -> list[tuple[
     return [field for field in layout if math.prod(field[1])]
 
 
+def page_layout(layout: list[tuple[str, tuple[int, ...], torch.dtype]]) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """The tensors vLLM pages for a layer: :func:`paged`'s, then as many bytes of padding as make the
+    page a multiple of its widest element. vLLM views each tensor through the page's byte stride,
+    which must divide by the tensor's element size (a window's int64 positions after its boolean
+    flags would not otherwise)."""
+    fields = paged(layout)
+    widest = max(dtype.itemsize for _, _, dtype in fields)
+    pad = -sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in fields) % widest
+    return fields + ([("padding", (pad,), torch.uint8)] if pad else [])
+
+
+def roll_rows(x: torch.Tensor, shifts: torch.Tensor, dim: int) -> torch.Tensor:
+    """Row b of ``x`` rolled by ``shifts[b]`` along ``dim``, as ``torch.roll`` rolls one tensor:
+    ``out[b, ..., j] = x[b, ..., (j - shifts[b]) % K]``."""
+    K = x.shape[dim]
+    index = (torch.arange(K, device=x.device)[None] - shifts[:, None].to(x.device)) % K  # [B, K]
+    shape = [1] * x.dim()
+    shape[0], shape[dim] = x.shape[0], K
+    return x.gather(dim, index.view(shape).expand_as(x))
+
+
 def config_state_layout(text_config, options: dict, dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     """:func:`state_layout` of a converted layer of the model ``text_config`` describes (a throwaway
     layer on the CPU: vLLM asks for the page size before it builds the model)."""
     num_heads = text_config.num_attention_heads
     num_kv_heads = getattr(text_config, "num_key_value_heads", None) or num_heads
+    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // num_heads
     with torch.device("cpu"):
-        layer = LolcatsAttention(base_stand_in(text_config, text_config.hidden_size, num_heads), num_heads=num_heads,
+        layer = LolcatsAttention(base_stand_in(text_config, head_dim, head_dim**-0.5), num_heads=num_heads,
                                  num_kv_heads=num_kv_heads, padding=PaddingMask(), **options)
     return state_layout(layer.to(dtype), dtype)
 
@@ -104,41 +128,36 @@ class VllmRotary:
 
 
 class LolcatsServingAttention(LolcatsAttention, MambaBase):
-    """A converted decoder layer's attention for vLLM's Llama decoder layer (``attn_layer_type``).
+    """A converted decoder layer's attention in vLLM, in place of ``base``: the attention module
+    vLLM built for that layer, of any served family (its fused ``qkv_proj``, ``o_proj``,
+    ``rotary_emb`` and ``scaling``; Qwen3's and Gemma 3's per-head ``q_norm`` and ``k_norm``; Gemma 3's
+    rotary of the layer's type and its ``query_pre_attn_scalar`` scale; ``attn``, its softmax
+    kernel). The layer adopts all of it but the kernel, under the same names, so the export's
+    weights load into it as into ``base``, and takes the kernel's name in vLLM's forward context:
+    vLLM pages a state for the layer instead of a key/value cache.
 
-    ``options``: the layer's attention options, the keyword arguments of ``LolcatsAttention``
-    (:meth:`serving.spec.ServingPlan.layer_options`); the other arguments are those vLLM's
-    ``LlamaDecoderLayer`` passes to its attention class."""
+    ``config``: the model's text config; ``options``: the layer's attention options, the keyword
+    arguments of ``LolcatsAttention`` (:meth:`serving.spec.ServingPlan.layer_options`)."""
 
-    def __init__(self, *, config, hidden_size: int, num_heads: int, num_kv_heads: int, max_position_embeddings: int,
-                 quant_config=None, bias: bool = False, bias_o_proj: bool = False, cache_config=None,
-                 prefix: str = "", attn_type=None, options: dict):
-        base = base_stand_in(config, hidden_size, num_heads)
-        super().__init__(base, num_heads=num_heads, num_kv_heads=num_kv_heads, padding=PaddingMask(), **options)
-        head_dim = base.head_dim
-        self.prefix = prefix
-        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        self.qkv_proj = QKVParallelLinear(hidden_size, head_dim, num_heads, num_kv_heads, bias=bias,
-                                          quant_config=quant_config, prefix=f"{prefix}.qkv_proj")
-        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, bias=bias_o_proj,
-                                        quant_config=quant_config, prefix=f"{prefix}.o_proj")
-        self.rotary_emb = get_rope(head_dim, max_position=max_position_embeddings,
-                                   rope_parameters=getattr(config, "rope_parameters", None), is_neox_style=True)
+    def __init__(self, base: nn.Module, config, options: dict):
+        adopted = {name: getattr(base, name) for name in ADOPTED if hasattr(base, name)}
+        super().__init__(base_stand_in(config, base.head_dim, base.scaling, **adopted), num_heads=base.num_heads,
+                         num_kv_heads=base.num_kv_heads, padding=PaddingMask(), **options)
+        self.qkv_proj, self.rotary_emb = base.qkv_proj, base.rotary_emb
+        self.q_size, self.kv_size = base.q_size, base.kv_size
         self.rotary = VllmRotary(self.rotary_emb)
         vllm_config = get_current_vllm_config()
-        context = vllm_config.compilation_config.static_forward_context
-        if prefix in context:
-            raise ValueError(f"duplicate layer name: {prefix}")
-        context[prefix] = self
+        self.prefix = base.attn.layer_name
+        vllm_config.compilation_config.static_forward_context[self.prefix] = self
         self._layout = state_layout(self, vllm_config.model_config.dtype)
 
     # ---- the state page ----
 
     def get_state_shape(self):
-        return tuple(shape for _, shape, _ in paged(self._layout))
+        return tuple(shape for _, shape, _ in page_layout(self._layout))
 
     def get_state_dtype(self):
-        return tuple(dtype for _, _, dtype in paged(self._layout))
+        return tuple(dtype for _, _, dtype in page_layout(self._layout))
 
     @property
     def mamba_type(self) -> MambaAttentionBackendEnum:
@@ -146,7 +165,7 @@ class LolcatsServingAttention(LolcatsAttention, MambaBase):
 
     def read_state(self, slot: int, seen: int) -> HybridState:
         """The state of the request in page ``slot`` after ``seen`` tokens (views of the page; empty
-        tensors for those :func:`paged` leaves out)."""
+        tensors for those :func:`paged` leaves out; the padding page, last, is never read)."""
         device = self.kv_cache[0].device
         fields = {name: torch.empty(1, *shape, dtype=dtype, device=device) for name, shape, dtype in self._layout}
         fields.update({name: page[slot][None] for (name, _, _), page in zip(paged(self._layout), self.kv_cache)})
@@ -156,11 +175,35 @@ class LolcatsServingAttention(LolcatsAttention, MambaBase):
         for (name, _, _), page in zip(paged(self._layout), self.kv_cache):
             page[slot].copy_(getattr(state, name)[0])
 
+    def read_states(self, slots: torch.Tensor, seen: torch.Tensor) -> HybridState:
+        """The states of the requests in pages ``slots`` after ``seen`` [N] tokens each, as one batch
+        on the longest one's count: a request that has seen fewer tokens reads as left-padded by the
+        difference (``first``), its window ring rolled by it, so that its token of index j sits in slot
+        (j + difference) % K as the common count places it (``kernels.hybrid.ring``). Copies of the
+        pages, written back by :meth:`write_states`."""
+        top = int(seen.max())
+        shifts = top - seen
+        device = self.kv_cache[0].device
+        fields = {name: torch.empty(len(slots), *shape, dtype=dtype, device=device) for name, shape, dtype in self._layout}
+        for (name, _, _), page in zip(paged(self._layout), self.kv_cache):
+            rows = page[slots]
+            fields[name] = roll_rows(rows, shifts, RING_AXES[name] + 1) if name in RING_AXES else rows
+        return HybridState(first=shifts.to(device), seen=top, **fields)
+
+    def write_states(self, slots: torch.Tensor, state: HybridState) -> None:
+        """Each row of a batch :meth:`read_states` read back into its page, its ring rolled back."""
+        for (name, _, _), page in zip(paged(self._layout), self.kv_cache):
+            rows = getattr(state, name)
+            page[slots] = roll_rows(rows, -state.first, RING_AXES[name] + 1) if name in RING_AXES else rows
+
     # ---- forward ----
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if hasattr(self, "q_norm"):  # each head's query and key normalised before RoPE
+            d = self.head_dim
+            q, k = self.q_norm(q.unflatten(-1, (-1, d))).flatten(-2), self.k_norm(k.unflatten(-1, (-1, d))).flatten(-2)
         before_rope = self.feature_positions != "rotary"
         q_in, k_in = (q.clone(), k.clone()) if before_rope else (None, None)
         q, k = self.rotary_emb(positions, q, k)
@@ -172,9 +215,10 @@ class LolcatsServingAttention(LolcatsAttention, MambaBase):
         return out
 
     def attend(self, q, k, v, q_in, k_in, output) -> None:
-        """Head outputs ``[T, H d]`` of the step's tokens into ``output``, one request at a time
-        (q, q_in ``[T, H d]``; k, v, k_in ``[T, H_kv d]``; module docstring). Without metadata
-        (vLLM's profiling run) the output stays zero."""
+        """Head outputs ``[T, H d]`` of the step's tokens into ``output`` (q, q_in ``[T, H d]``; k, v,
+        k_in ``[T, H_kv d]``; module docstring): the requests that decode one token from a state in
+        one batched step (:meth:`read_states`), the others (prompts, chunks) one at a time. Without
+        metadata (vLLM's profiling run) the output stays zero."""
         metadata = get_forward_context().attn_metadata
         metadata = metadata.get(self.prefix) if isinstance(metadata, dict) else None
         if metadata is None:
@@ -182,16 +226,33 @@ class LolcatsServingAttention(LolcatsAttention, MambaBase):
         starts = metadata.query_start_loc.tolist()
         seq_lens = metadata.seq_lens.tolist()
         slots = metadata.state_indices_tensor.tolist()
+        requests = [(starts[r], starts[r + 1], slots[r], seq_lens[r] - (starts[r + 1] - starts[r]))
+                    for r in range(metadata.num_decodes + metadata.num_prefills)]
+        steps = [(a, slot, seen) for a, b, slot, seen in requests if b - a == 1 and seen]
+        if steps:
+            self.decode_together(*(torch.tensor(column) for column in zip(*steps)), q, k, v, q_in, k_in, output)
         d = self.head_dim
-        for r in range(metadata.num_decodes + metadata.num_prefills):
-            a, b = starts[r], starts[r + 1]
-            C, slot = b - a, slots[r]
-            seen = seq_lens[r] - C
+        for a, b, slot, seen in requests:
+            if b - a == 1 and seen:
+                continue
+            C = b - a
             heads = lambda x: x[a:b].view(C, -1, d).transpose(0, 1)[None]  # [1, heads, C, d]
             cache = SimpleNamespace(layers=[HybridCacheLayer(self.read_state(slot, seen) if seen else None)])
             y = self.student(heads(q), heads(k), heads(v), None, cache, heads(q_in), heads(k_in))
             self.write_state(slot, cache.layers[0].state)
             output[a:b] = y[0].transpose(0, 1).reshape(C, -1).to(output.dtype)
+
+    def decode_together(self, tokens, slots, seen, q, k, v, q_in, k_in, output) -> None:
+        """One decode step of N requests at once: their tokens ``tokens`` [N] of the step, the pages
+        ``slots`` [N] of their states, and the tokens ``seen`` [N] before this one (their positions)."""
+        N, d = len(tokens), self.head_dim
+        rows = lambda x: x[tokens.to(x.device)].view(N, -1, 1, d)  # [N, heads, 1, d]
+        index = slots.to(self.kv_cache[0].device)
+        cache = SimpleNamespace(layers=[HybridCacheLayer(self.read_states(index, seen))])
+        y = self.student(rows(q), rows(k), rows(v), None, cache, rows(q_in), rows(k_in),
+                         position_ids=seen[:, None].to(q.device))
+        self.write_states(index, cache.layers[0].state)
+        output[tokens.to(output.device)] = y.reshape(N, -1).to(output.dtype)
 
 
 def lolcats_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_in: torch.Tensor, k_in: torch.Tensor,

@@ -1,66 +1,85 @@
-"""``LolcatsForCausalLM`` for vLLM: the base architecture's model with the converted layers'
-attention replaced by :class:`serving.attention.LolcatsServingAttention`.
+"""``LolcatsForCausalLM`` for vLLM: vLLM's own model of the export's base architecture with the
+converted layers' attention replaced by :class:`serving.attention.LolcatsServingAttention`.
+
+vLLM's causal LM of the base architecture (:data:`serving.spec.SERVED_FAMILIES`, by the config's
+``model_type``) is built as vLLM builds it for the base model: its decoder layers, norms, MLPs,
+embedding scale and logits as they are. The attention module of each layer the spec converted is
+then replaced by a ``LolcatsServingAttention``, which adopts its projections, q/k norms, rotary
+embedding and score scale (as the workbench's ``LolcatsAttention`` adopts a transformers layer's).
 
 The export's weights load as they are: the base model's under vLLM's usual names (q, k, v fused
 into ``qkv_proj``), the conversion's (``feature_map_q``, ``feature_map_k``, ``mix``, the history
-decay or exponents) under the names ``LolcatsAttention`` gives them. Layers listed in the spec's
-``softmax_layers`` keep vLLM's own attention and key/value cache: the model is then a hybrid of
+decay or exponents) under the names ``LolcatsAttention`` gives them. Layers the spec keeps softmax
+(``softmax_layers``; with ``keep_sliding_layers``, the model's own sliding-window layers, such as
+Gemma 3's local ones) keep vLLM's own attention and key/value cache: the model is then a hybrid of
 attention and state layers, which vLLM runs with prefix caching on by default; every state is
 copied whole between prefix-cache blocks (``get_temporal_copy_spec``).
 """
 
 from __future__ import annotations
 
-import copy
-from functools import partial
+import importlib
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.mamba.mamba_utils import get_temporal_copy_spec
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid, SupportsMambaPrefixCaching
-from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
-from vllm.model_executor.models.utils import extract_layer_index
+from vllm.model_executor.models.utils import AutoWeightsLoader
+from vllm.sequence import IntermediateTensors
 
 from core.attention.layer import LolcatsAttention
-from serving.attention import LolcatsServingAttention, config_state_layout, paged
-from serving.spec import serving_plan
+from serving.attention import LolcatsServingAttention, config_state_layout, page_layout
+from serving.spec import SERVED_FAMILIES, serving_plan
 
 
-def llama_config(config):
-    """``config`` as vLLM's Llama decoder layer reads it: Qwen2 is a Llama with biases on q, k and v
-    (and none on o), which that layer takes from ``qkv_bias``."""
-    if config.model_type != "qwen2":
-        return config
-    config = copy.copy(config)
-    config.qkv_bias = True
-    return config
+def base_model_class(model_type: str) -> type[nn.Module]:
+    """vLLM's causal LM for the base architecture ``model_type`` (one of :data:`SERVED_FAMILIES`)."""
+    module, name = SERVED_FAMILIES[model_type]
+    return getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
 
 
 def _config_layout(vllm_config: VllmConfig):
     """The paged state of a converted layer of the model ``vllm_config`` describes."""
     config = vllm_config.model_config.hf_config
     options = serving_plan(config).layer_options(LolcatsAttention)
-    return paged(config_state_layout(config, options, vllm_config.model_config.dtype))
+    return page_layout(config_state_layout(config, options, vllm_config.model_config.dtype))
 
 
-class LolcatsForCausalLM(LlamaForCausalLM, HasInnerState, IsHybrid, SupportsMambaPrefixCaching):
-    """A LoLCATs export of a Llama, Mistral or Qwen2 model (all layers converted, or a hybrid): the
-    three share vLLM's Llama decoder."""
+class LolcatsForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsMambaPrefixCaching):
+    """A LoLCATs export of a served base architecture (all layers converted, or a hybrid): the
+    decoder (``model``), ``lm_head`` and ``logits_processor`` of vLLM's causal LM for that
+    architecture, under the same names, its converted layers' attention replaced."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
-        plan = serving_plan(vllm_config.model_config.hf_config)
-        converted = partial(LolcatsServingAttention, options=plan.layer_options(LolcatsAttention))
-
-        config = llama_config(vllm_config.model_config.hf_config)
-
-        def decoder_layer(vllm_config: VllmConfig, prefix: str) -> nn.Module:
-            attention = converted if plan.is_converted(extract_layer_index(prefix)) else LlamaAttention
-            return LlamaDecoderLayer(vllm_config=vllm_config, prefix=prefix, config=config, attn_layer_type=attention)
-
-        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=decoder_layer)
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        plan = serving_plan(config)
+        options = plan.layer_options(LolcatsAttention)
+        base = base_model_class(config.model_type)(vllm_config=vllm_config, prefix=prefix)
+        self.model, self.lm_head, self.logits_processor = base.model, base.lm_head, base.logits_processor
+        for i, layer in enumerate(self.model.layers):
+            if plan.is_converted(i):
+                layer.self_attn = LolcatsServingAttention(layer.self_attn, config, options)
         self.lolcats_layers = [layer.self_attn for layer in self.model.layers
                                if isinstance(layer.self_attn, LolcatsServingAttention)]
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: IntermediateTensors | None = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """The export's tensors by name; the decoder maps q, k, v (and the MLP's gate and up) onto
+        its fused projections."""
+        return AutoWeightsLoader(self).load_weights(weights)
 
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, ...], ...]:

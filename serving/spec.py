@@ -20,7 +20,15 @@ from pydantic import ValidationError
 from core.config import AttentionSpec, format_validation_error, stored_attention
 
 ARCHITECTURE = "LolcatsForCausalLM"  # core.export.modeling.MODEL_CLASS, the architecture an export names
-SERVED_MODEL_TYPES = ("llama", "mistral", "qwen2")  # base architectures the vLLM plugin builds (serving.model)
+# base model_type -> vLLM's causal LM that serving.model builds for it (module of vllm.model_executor.models, class)
+SERVED_FAMILIES = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "mistral": ("mistral", "MistralForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "gemma3_text": ("gemma3", "Gemma3ForCausalLM"),  # an export of Gemma 3's text model
+}
+SERVED_MODEL_TYPES = tuple(SERVED_FAMILIES)
 
 
 class ExportError(ValueError):
@@ -104,5 +112,5 @@ def serving_plan(text_config) -> ServingPlan:
     return ServingPlan(spec, num_layers, frozenset(keep))
 
 
-__all__ = ["ARCHITECTURE", "ExportError", "SERVED_MODEL_TYPES", "ServingPlan", "check_export_config",
+__all__ = ["ARCHITECTURE", "ExportError", "SERVED_FAMILIES", "SERVED_MODEL_TYPES", "ServingPlan", "check_export_config",
            "read_export_config", "serving_plan"]

@@ -42,11 +42,22 @@ def serving_workspace(tmp_path_factory) -> Path:
 
 
 HEAD_DIM = 32  # the tiny model's 16 is below the head sizes vLLM's CPU attention supports (32 and up)
+MODEL_CONFIG = {  # per model_type, on top of TINY_CONFIG
+    # vLLM's Qwen2 reads no head_dim: its head dim is hidden_size / num_attention_heads, as in every Qwen2
+    "qwen2": {"hidden_size": TINY_CONFIG["num_attention_heads"] * HEAD_DIM},
+    # Gemma 3: a local, a global and a local layer (RoPE bases 1e4 and 1e6), the local ones' window
+    # (24) shorter than the longer prompts; its query scale is query_pre_attn_scalar**-0.5 = 1/16
+    "gemma3_text": {"num_hidden_layers": 3, "sliding_window": 24,
+                    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
+}
+QK_NORM_TYPES = ("qwen3", "gemma3_text")  # their attention normalises each head's q and k before RoPE
 
 
 def tiny_model(workspace: Path, model_type: str = "llama") -> Path:
-    """The tiny test model (:mod:`core.models.tiny`) as a ``model_type`` model (llama, mistral,
-    qwen2) with head dim 32, seeded, as a local folder: vLLM's CPU attention runs a softmax layer of it."""
+    """The tiny test model (:mod:`core.models.tiny`) as a ``model_type`` model (a served base
+    architecture, :data:`MODEL_CONFIG`) with head dim 32, seeded, as a local folder: vLLM's CPU
+    attention runs a softmax layer of it. With q/k norms, every RMS norm's weight is moved off its
+    initial value (ones, or Gemma's zeros of its 1 + w scale) so that the norms' weights matter."""
     folder = workspace / "models" / f"tiny-{model_type}-d{HEAD_DIM}"
     if not (folder / "config.json").is_file():
         import torch
@@ -54,10 +65,17 @@ def tiny_model(workspace: Path, model_type: str = "llama") -> Path:
 
         tokenizer = bundled_tokenizer(workspace)
         config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                                      eos_token_id=tokenizer.eos_token_id, **{**TINY_CONFIG, "head_dim": HEAD_DIM})
+                                      eos_token_id=tokenizer.eos_token_id,
+                                      **{**TINY_CONFIG, "head_dim": HEAD_DIM, **MODEL_CONFIG.get(model_type, {})})
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+            model = AutoModelForCausalLM.from_config(config)
+            if model_type in QK_NORM_TYPES:
+                with torch.no_grad():
+                    for name, weight in model.named_parameters():
+                        if "norm" in name:
+                            weight.add_(torch.randn_like(weight), alpha=0.3)
+            model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     return folder
 

@@ -1,7 +1,7 @@
 """An export served by vLLM gives the workbench's own model's greedy tokens and log-probabilities
 (float32, within 1e-4) for every request of a batch of mixed lengths, prefilled in chunks of 16
 tokens, with state slots reused by later requests, and, for a hybrid, from a prefix-cache hit, for
-each attention option an export carries.
+each attention option an export carries and each served base architecture.
 
 The reference (:func:`tests.serving.reference.reference_logprobs`) is the export loaded by
 ``load_converted`` running the parallel form over the whole sequence; vLLM runs the prompt in
@@ -22,12 +22,19 @@ LENGTHS = [1, 5, 17, 40, 130]  # window 16: inside the window, past it, past the
 MAX_TOKENS = 12
 ENGINE = {"max_num_batched_tokens": 16, "max_num_seqs": 3}  # chunked prefill; 5 requests through 3 slots
 
-OPTIONS = {  # every attention option an export carries, over three Llama exports
+OPTIONS = {  # every attention option an export carries, over three Llama exports, and a Gemma 3 hybrid
     "terraced-hedgehog-decay-unrotated": {},  # the tiny-test preset: kind terraced, history_norm decay, features before RoPE
     "sliding-t2r-sinks-power-rotary-hybrid": {"kind": "sliding_window", "feature_map": "t2r", "sink_tokens": 2,
                                               "history_norm": "power", "feature_positions": "rotary",
                                               "softmax_layers": [0]},
     "linear-hedgehog-paper": {"kind": "linear", "history_norm": "none", "feature_positions": "rotary"},
+    # the cpu-demo recipe's options, every layer converted: a sliding window of 14 keys with 4 sinks
+    # (18 flag bytes: the page is padded to a multiple of 8 bytes) and key feature maps per KV head
+    "sliding-hedgehog-sinks-kv-maps": {"kind": "sliding_window", "window_size": 14, "sink_tokens": 4,
+                                       "key_map_heads": "kv"},
+    # a Gemma 3 export (conftest.MODEL_CONFIG; the others are Llama's): its local and global layers
+    # converted, each rotating with its own RoPE base, its last local layer vLLM's softmax over 24 keys
+    "gemma3-local-global-hybrid": {"model_type": "gemma3_text", "softmax_layers": [2]},
 }
 
 
@@ -58,10 +65,11 @@ def test_vllm_serves_the_export_as_the_workbench_runs_it(label, python, serving_
         assert cached == [0] * len(prompts)
 
 
-@pytest.mark.parametrize("model_type", ["mistral", "qwen2"])
-def test_vllm_serves_the_other_llama_like_architectures(model_type, python, serving_workspace, tmp_path):
-    """Mistral and Qwen2 (biases on q, k, v) on vLLM's Llama decoder, as hybrids: the converted
-    layer and vLLM's softmax layer both load the export's projections."""
+@pytest.mark.parametrize("model_type", ["mistral", "qwen2", "qwen3"])
+def test_vllm_serves_the_other_architectures(model_type, python, serving_workspace, tmp_path):
+    """Mistral, Qwen2 (biases on q, k, v) and Qwen3 (each head's q and k normalised) on vLLM's own
+    model of each, as hybrids: the converted layer and vLLM's softmax layer both load the export's
+    projections (and norms)."""
     folder = tiny_export(serving_workspace, model_type, model_type, softmax_layers=[1])
     prompts = token_prompts(LENGTHS[:4], seed=2)
     job = {"model": str(folder), "prompts": prompts, "max_tokens": MAX_TOKENS, "engine": ENGINE}

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import app
-from core.config import AttentionSpec
-from serving.spec import ExportError, check_export_config, serving_plan
+from core.config import SUPPORTED_ARCHITECTURES, AttentionSpec
+from serving.spec import SERVED_MODEL_TYPES, ExportError, check_export_config, serving_plan
 
 runner = CliRunner()
 EXPORT = {"architectures": ["LolcatsForCausalLM"], "model_type": "llama", "lolcats": {"kind": "terraced"}}
@@ -35,7 +35,19 @@ def test_an_attention_option_this_version_does_not_know_is_refused_by_name():
 
 
 def test_an_architecture_the_plugin_does_not_build_is_refused():
-    assert "not 'gemma3_text'" in refusal({**EXPORT, "model_type": "gemma3_text"})
+    assert "not 'phi3'" in refusal({**EXPORT, "model_type": "phi3"})
+
+
+def test_every_architecture_the_workbench_converts_is_served():
+    assert set(SERVED_MODEL_TYPES) == set(SUPPORTED_ARCHITECTURES)
+    for model_type in SERVED_MODEL_TYPES:
+        check_export_config({**EXPORT, "model_type": model_type}, "FOLDER")
+
+
+def test_the_plan_keeps_gemma3_local_layers_softmax_with_keep_sliding_layers():
+    config = type("Config", (), {"num_hidden_layers": 3, "lolcats": {"keep_sliding_layers": True},
+                                 "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]})
+    assert [serving_plan(config).is_converted(i) for i in range(3)] == [False, True, False]
 
 
 def test_the_plan_keeps_the_listed_layers_softmax_and_passes_every_layer_option():
