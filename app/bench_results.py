@@ -9,11 +9,15 @@ names (accepting common alternatives) and drops what cannot be read.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 from app.charts.benchmark import benchmark_figures
 
+# the committed measurement of teacher and student served by vLLM (benchmarks/serving_throughput.py)
+SERVED_RESULT = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "serving-throughput-cpu.json"
 METRICS = ("tokens_per_second", "decode_tokens_per_second", "prefill_tokens_per_second", "peak_memory_bytes",
            "time_to_first_token_s")
 _ALIASES = {
@@ -136,3 +140,12 @@ def contention_warning(report: Any) -> str | None:
 def _s(n: int) -> str:
     """The plural ending of a count: ``s`` unless ``n`` is 1."""
     return "" if n == 1 else "s"
+
+
+def served_result() -> dict[str, Any] | None:
+    """The served-engine measurement (:data:`SERVED_RESULT`) when it is there and holds points, else None."""
+    try:
+        result = json.loads(SERVED_RESULT.read_text())
+    except (OSError, ValueError):
+        return None
+    return result if isinstance(result, dict) and result.get("points") else None

@@ -14,20 +14,26 @@ round only) and how many prompt tokens came from the prefix cache.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 ENGINE_DEFAULTS = {"dtype": "float32", "enforce_eager": True, "max_model_len": 512, "max_num_seqs": 4,
-                   "seed": 0}
+                   "seed": 0, "kv_cache_memory_bytes": 2**30}  # 1 GiB of cache (on CPU, vLLM's default is 4)
+
+
+def start_engine(job: dict):
+    """vLLM's offline engine on ``job["model"]`` with :data:`ENGINE_DEFAULTS` updated by
+    ``job["engine"]`` (on CPU, ``VLLM_CPU_KVCACHE_SPACE``, when set, overrides the cache size)."""
+    from vllm import LLM
+
+    return LLM(model=job["model"], **{**ENGINE_DEFAULTS, **job.get("engine", {})})
 
 
 def generate(job: dict) -> dict:
     """Run ``job`` (module docstring) and return the results."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of cache on CPU (its default is 4)
-    from vllm import LLM, SamplingParams, TokensPrompt
+    from vllm import SamplingParams, TokensPrompt
 
-    llm = LLM(model=job["model"], **{**ENGINE_DEFAULTS, **job.get("engine", {})})
+    llm = start_engine(job)
     rounds = []
     for i in range(job.get("rounds", 1)):
         # prompt log-probabilities in the first round only: vLLM reads no prefix cache for a request that asks for them
@@ -50,14 +56,15 @@ def _result(out) -> dict:
             "cached_tokens": out.num_cached_tokens or 0}
 
 
-def main(argv: list[str]) -> int:
+def run_job(argv: list[str], run, module: str) -> int:
+    """The command line of a job module: read ``JOB.json``, ``run`` it, write ``OUT.json``."""
     if len(argv) != 2:
-        print("usage: python -m serving.offline JOB.json OUT.json", file=sys.stderr)
+        print(f"usage: python -m {module} JOB.json OUT.json", file=sys.stderr)
         return 2
     job = json.loads(Path(argv[0]).read_text())
-    Path(argv[1]).write_text(json.dumps(generate(job)))
+    Path(argv[1]).write_text(json.dumps(run(job)))
     return 0
 
 
 if __name__ == "__main__":  # vLLM spawns workers that re-import the main module: run only here
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_job(sys.argv[1:], generate, "serving.offline"))

@@ -205,3 +205,25 @@ def capacity_figure(capacity: dict[str, Any]) -> go.Figure:
     fig.update_layout(title_text=title + (f"<br><sup>not within the budget: {', '.join(over)}</sup>" if over else ""),
                       template=TEMPLATE, height=420)
     return fig
+
+
+def served_figure(result: dict[str, Any]) -> go.Figure:
+    """A served-engine result (``benchmarks/serving_throughput.py``): generated tokens/s (left) and the
+    most requests running at once (right) against concurrent requests, teacher vs student, each
+    model's capacity under the cache budget a dotted line on the right."""
+    points = result["points"]
+    requests = [p["requests"] for p in points]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("generated tokens/s", "requests running at once"))
+    for model, color in COLORS.items():
+        fig.add_trace(go.Scatter(x=requests, y=[p[f"{model}_tokens_per_s"] for p in points], mode="lines+markers",
+                                 name=model, line={"color": color}, legendgroup=model), row=1, col=1)
+        fig.add_trace(go.Scatter(x=requests, y=[p[f"{model}_in_flight"] for p in points], mode="lines+markers",
+                                 name=model, line={"color": color}, legendgroup=model, showlegend=False), row=1, col=2)
+        capacity = result.get("capacity", {}).get(model)
+        if capacity:
+            fig.add_hline(y=capacity, line={"color": color, "dash": "dot"}, row=1, col=2,
+                          annotation_text=f"{model} capacity {capacity:.0f}")
+    fig.update_xaxes(type="log", dtick=math.log10(2), title_text="concurrent requests")
+    fig.update_layout(title="Served by vLLM: teacher and student under one cache budget", template=TEMPLATE,
+                      height=400, margin={"t": 80, "b": 40})
+    return fig

@@ -210,6 +210,30 @@ def _charts(job: JobInfo, report: dict) -> None:
                                     for c in FLOOR_COLUMNS.values()})
 
 
+def _served() -> None:
+    """The committed measurement of teacher and student served by vLLM, when the project holds one."""
+    result = bench_results.served_result()
+    if result is None:
+        return
+    setup = result["setup"]
+    with st.expander("Served by vLLM: teacher and student in one engine, one cache budget"):
+        st.caption(f"Each request: {setup['prompt_len']} prompt tokens, then {setup['max_tokens']} generated; both "
+                   f"models in vLLM with a cache of {setup['cache_bytes'] / GIB:.2f} GiB, which holds "
+                   f"{result['capacity']['teacher']:.1f} of the teacher's requests and "
+                   f"{result['capacity']['student']:.1f} of the student's. Measured by "
+                   "`benchmarks/serving_throughput.py` on this project's CPU machine "
+                   f"({setup['cpu_count']} cores); rerun it to measure yours.")
+        st.plotly_chart(charts.served_figure(result), key="bench_served")
+        table = pd.DataFrame([{"requests": p["requests"], "teacher tokens/s": p["teacher_tokens_per_s"],
+                               "student tokens/s": p["student_tokens_per_s"], "student / teacher": p["ratio"],
+                               "teacher at once": p["teacher_in_flight"], "student at once": p["student_in_flight"]}
+                              for p in result["points"]])
+        st.dataframe(table, hide_index=True, width="stretch",
+                     column_config={**{c: st.column_config.NumberColumn(format="%.1f")
+                                       for c in ("teacher tokens/s", "student tokens/s")},
+                                    "student / teacher": st.column_config.NumberColumn(format=f"%{RATIO_FORMAT}")})
+
+
 def _job_view(job_id: int) -> None:
     job = api.get_job(job_id, **common.ws())
     if job.status in common.ACTIVE:
@@ -227,16 +251,8 @@ def _job_view(job_id: int) -> None:
     _charts(job, report)
 
 
-def main() -> None:
-    st.title("Benchmark")
-    common.show_flash()
-    st.caption("Tokens per second and peak memory of the teacher (softmax attention, KV cache) and the student "
-               "(LoLCATs attention, constant-size state) across batch sizes and context lengths.")
-    jobs = common.list_jobs(kind=common.BENCH)
-    _launch_form(common.conversions(), expanded=not jobs)
-    if not jobs:
-        st.info("No benchmark yet: launch one above. The charts appear here when it finishes.")
-        return
+def _jobs(jobs: list[JobInfo]) -> None:
+    """The picked benchmark job's charts (live while it runs)."""
     by_id = {j.id: j for j in jobs}
     if st.session_state.get("bench_job") not in by_id:
         done = [j.id for j in jobs if j.status == "succeeded"]
@@ -246,6 +262,20 @@ def main() -> None:
         st.fragment(run_every=common.REFRESH_S)(_job_view)(job_id)
     else:
         _job_view(job_id)
+
+
+def main() -> None:
+    st.title("Benchmark")
+    common.show_flash()
+    st.caption("Tokens per second and peak memory of the teacher (softmax attention, KV cache) and the student "
+               "(LoLCATs attention, constant-size state) across batch sizes and context lengths.")
+    jobs = common.list_jobs(kind=common.BENCH)
+    _launch_form(common.conversions(), expanded=not jobs)
+    if jobs:
+        _jobs(jobs)
+    else:
+        st.info("No benchmark yet: launch one above. The charts appear here when it finishes.")
+    _served()
 
 
 main()

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from app import bench_results
 from jobs.db import close_all
 from tests.app.seed import Seeded, seed
 
@@ -24,9 +25,11 @@ def seeded(tmp_path_factory) -> Seeded:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch):
+def _isolated_env(monkeypatch, tmp_path):
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
+    # pages read no measurement committed to the project unless a test provides one
+    monkeypatch.setattr(bench_results, "SERVED_RESULT", tmp_path / "no-served-result.json")
     yield
     close_all()  # pooled connections of this test's workspaces (engines reconnect when used again)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -240,3 +241,29 @@ def test_a_benchmark_run_on_a_busy_machine_is_flagged(fresh_ws):
     at = open_page("views/bench.py")
     widget(at, "selectbox", "bench_job").set_value(pressed).run()
     assert any("other tasks waited for a CPU 35% of the time" in w.value for w in at.warning)
+
+
+def _served() -> dict:
+    """A served-engine result as ``benchmarks/serving_throughput.py`` writes it (two request counts)."""
+    points = [{"requests": n, "teacher_tokens_per_s": 10.0 * n, "student_tokens_per_s": 7.0 * n + 1,
+               "ratio": (7.0 * n + 1) / (10.0 * n), "teacher_in_flight": min(n, 5), "student_in_flight": n,
+               "teacher_preemptions": 0, "student_preemptions": 0} for n in (1, 8)]
+    return {"setup": {"prompt_len": 1024, "max_tokens": 64, "cache_bytes": 2**28, "cpu_count": 2},
+            "capacity": {"teacher": 5.4, "student": 29.0}, "points": points}
+
+
+def test_the_served_engine_measurement_is_shown_when_the_project_holds_one(fresh_ws, tmp_path, monkeypatch):
+    result = _served()
+    monkeypatch.setattr(bench_results, "SERVED_RESULT", tmp_path / "served.json")
+    at = open_page("views/bench.py")
+    assert not at.exception and not plotly_figures(at)  # no file: no section
+    (tmp_path / "served.json").write_text(json.dumps(result))
+    at = open_page("views/bench.py")
+    assert not at.exception
+    assert "holds 5.4 of the teacher's requests and 29.0 of the student's" in texts(at)
+    (fig,) = plotly_figures(at)
+    tokens = {t["name"]: t["y"] for t in fig["data"] if t.get("xaxis", "x") == "x"}
+    assert tokens == {"teacher": [10.0, 80.0], "student": [8.0, 57.0]}
+    table = at.dataframe[0].value
+    assert list(table["student / teacher"]) == pytest.approx([p["ratio"] for p in result["points"]])
+    assert list(table["teacher at once"]) == [1, 5]

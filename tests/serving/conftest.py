@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from core.export.folder import export
 from core.models.gguf import bundled_tokenizer
 from core.models.tiny import TINY_CONFIG
 from serving.launch import ROOT, ServingEnvError, serving_python
+from serving.throughput import random_prompts
 from tests.tiny_runs import convert_tiny
 
 REQUIRED_ENV = "LOLCATS_SERVING_TESTS"
@@ -90,16 +90,17 @@ def tiny_export(workspace: Path, name: str, model_type: str = "llama", **attenti
 
 def token_prompts(lengths: list[int], seed: int = 0, vocab: int = 49152) -> list[list[int]]:
     """Prompts of random token ids (a BOS first) of the given lengths."""
-    rng = random.Random(seed)
-    return [[1] + [rng.randrange(3, vocab) for _ in range(n - 1)] for n in lengths]
+    return random_prompts(lengths, vocab, seed)
 
 
-def run_offline(python: Path, job: dict, tmp_path: Path) -> dict:
-    """``job`` through ``serving.offline`` in the serving environment: its results."""
+def run_offline(python: Path, job: dict, tmp_path: Path, module: str = "serving.offline") -> dict:
+    """``job`` through ``module`` (``serving.offline``, ``serving.throughput``) in the serving
+    environment: its results. The job's engine arguments size the cache (no ``VLLM_CPU_KVCACHE_SPACE``)."""
     job_file, out_file = tmp_path / "job.json", tmp_path / "out.json"
     job_file.write_text(json.dumps(job))
-    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    done = subprocess.run([str(python), "-m", "serving.offline", str(job_file), str(out_file)], cwd=ROOT, env=env,
+    env = {name: value for name, value in os.environ.items() if name != "VLLM_CPU_KVCACHE_SPACE"}
+    done = subprocess.run([str(python), "-m", module, str(job_file), str(out_file)], cwd=ROOT,
+                          env={**env, "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")},
                           capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
-    assert done.returncode == 0, f"serving.offline failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, f"{module} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return json.loads(out_file.read_text())
