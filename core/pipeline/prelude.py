@@ -4,8 +4,10 @@
 ``config.json`` (the group's main process only), seed, load the base model (the teacher, not
 yet converted) and check ``data.seq_len`` against it, load and split the training data. In a
 process group the main process loads first, filling the workspace's model cache, and the others
-then only read it. Beside it, the run folder's per-stage bookkeeping: whether a stage finished,
-and the training summary it left (``<run>/<stage>/summary.json``).
+then only read it. A new run whose model or data fails to load leaves no run folder behind (the
+same ``--output`` works again without ``--resume``). Beside it, the run folder's per-stage
+bookkeeping: whether a stage finished, and the training summary it left
+(``<run>/<stage>/summary.json``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ def prepare_run_dir(config: ConvertConfig, output: Path, resume: bool) -> None:
         atomic_write_json(stored, config.model_dump())
 
 
+def discard_run_dir(output: Path) -> None:
+    """Undo :func:`prepare_run_dir` for a run that failed before it trained (its base model or data
+    did not load): remove its ``config.json``, and the folder if that leaves it empty."""
+    (output / CONFIG_FILE).unlink(missing_ok=True)
+    if output.is_dir() and not any(output.iterdir()):
+        output.rmdir()
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
@@ -70,6 +80,7 @@ def start_run(config: ConvertConfig, output: Path, *, resume: bool, workspace=No
 
     ``barrier`` waits for every process of the group (a single process passes none)."""
     progress = progress or NullProgress()
+    fresh = main and not (output / CONFIG_FILE).exists()
     if main:
         prepare_run_dir(config, output, resume)
     barrier()
@@ -86,7 +97,12 @@ def start_run(config: ConvertConfig, output: Path, *, resume: bool, workspace=No
         return RunInputs(model, tokenizer, train, val, splits.info)
 
     if main:
-        inputs = load()
+        try:
+            inputs = load()
+        except BaseException:
+            if fresh:  # nothing ran: the same output may be used again without --resume
+                discard_run_dir(output)
+            raise
     barrier()
     if not main:
         inputs = load()

@@ -44,3 +44,13 @@ def test_stage_summary_round_trip(tmp_path):
     summary = {"best_val_loss": 0.125, "steps": 4, "resumed_from": 2}
     save_stage_summary(tmp_path, "stage1", summary)
     assert stage_summary(tmp_path, "stage1") == summary
+
+
+def test_a_run_whose_data_fails_to_load_leaves_no_run_folder(workspace, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="leaving none for training"):
+        start_run(preset("tiny-test", data={"max_examples": 8, "val_examples": 8}), out, resume=False,
+                  workspace=workspace)
+    assert not out.exists()
+    start_run(preset("tiny-test"), out, resume=False, workspace=workspace)  # no --resume needed
+    assert (out / "config.json").is_file()
