@@ -163,24 +163,13 @@ class LolcatsServingAttention(LolcatsAttention, MambaBase):
     def mamba_type(self) -> MambaAttentionBackendEnum:
         return MambaAttentionBackendEnum.LINEAR  # vLLM's linear-attention metadata: what the op reads
 
-    def read_state(self, slot: int, seen: int) -> HybridState:
-        """The state of the request in page ``slot`` after ``seen`` tokens (views of the page; empty
-        tensors for those :func:`paged` leaves out; the padding page, last, is never read)."""
-        device = self.kv_cache[0].device
-        fields = {name: torch.empty(1, *shape, dtype=dtype, device=device) for name, shape, dtype in self._layout}
-        fields.update({name: page[slot][None] for (name, _, _), page in zip(paged(self._layout), self.kv_cache)})
-        return HybridState(first=torch.zeros(1, dtype=torch.long, device=device), seen=seen, **fields)
-
-    def write_state(self, slot: int, state: HybridState) -> None:
-        for (name, _, _), page in zip(paged(self._layout), self.kv_cache):
-            page[slot].copy_(getattr(state, name)[0])
-
     def read_states(self, slots: torch.Tensor, seen: torch.Tensor) -> HybridState:
         """The states of the requests in pages ``slots`` after ``seen`` [N] tokens each, as one batch
         on the longest one's count: a request that has seen fewer tokens reads as left-padded by the
         difference (``first``), its window ring rolled by it, so that its token of index j sits in slot
         (j + difference) % K as the common count places it (``kernels.hybrid.ring``). Copies of the
-        pages, written back by :meth:`write_states`."""
+        pages (empty tensors for those :func:`paged` leaves out; the padding page, last, is never
+        read), written back by :meth:`write_states`."""
         top = int(seen.max())
         shifts = top - seen
         device = self.kv_cache[0].device
@@ -226,33 +215,34 @@ class LolcatsServingAttention(LolcatsAttention, MambaBase):
         starts = metadata.query_start_loc.tolist()
         seq_lens = metadata.seq_lens.tolist()
         slots = metadata.state_indices_tensor.tolist()
-        requests = [(starts[r], starts[r + 1], slots[r], seq_lens[r] - (starts[r + 1] - starts[r]))
-                    for r in range(metadata.num_decodes + metadata.num_prefills)]
-        steps = [(a, slot, seen) for a, b, slot, seen in requests if b - a == 1 and seen]
+        steps, chunks = [], []  # (first token, last token + 1, slot, tokens before): one-token decodes; the others
+        for r in range(metadata.num_decodes + metadata.num_prefills):
+            a, b = starts[r], starts[r + 1]
+            seen = seq_lens[r] - (b - a)
+            (steps if b - a == 1 and seen else chunks).append((a, b, slots[r], seen))
         if steps:
-            self.decode_together(*(torch.tensor(column) for column in zip(*steps)), q, k, v, q_in, k_in, output)
-        d = self.head_dim
-        for a, b, slot, seen in requests:
-            if b - a == 1 and seen:
-                continue
-            C = b - a
-            heads = lambda x: x[a:b].view(C, -1, d).transpose(0, 1)[None]  # [1, heads, C, d]
-            cache = SimpleNamespace(layers=[HybridCacheLayer(self.read_state(slot, seen) if seen else None)])
-            y = self.student(heads(q), heads(k), heads(v), None, cache, heads(q_in), heads(k_in))
-            self.write_state(slot, cache.layers[0].state)
-            output[a:b] = y[0].transpose(0, 1).reshape(C, -1).to(output.dtype)
+            tokens, _, step_slots, seen = (torch.tensor(column) for column in zip(*steps))
+            tokens = tokens.to(q.device)
+            rows = lambda x: x[tokens].unflatten(-1, (-1, 1, self.head_dim))  # [N, heads, 1, d]
+            y = self.student_rows(step_slots, seen, q, k, v, q_in, k_in, rows)
+            output[tokens] = y.flatten(1).to(output.dtype)
+        for a, b, slot, seen in chunks:
+            heads = lambda x: x[a:b].unflatten(-1, (-1, self.head_dim)).transpose(0, 1)[None]  # [1, heads, C, d]
+            y = self.student_rows(torch.tensor([slot]), torch.tensor([seen]), q, k, v, q_in, k_in, heads)
+            output[a:b] = y[0].transpose(0, 1).flatten(1).to(output.dtype)
 
-    def decode_together(self, tokens, slots, seen, q, k, v, q_in, k_in, output) -> None:
-        """One decode step of N requests at once: their tokens ``tokens`` [N] of the step, the pages
-        ``slots`` [N] of their states, and the tokens ``seen`` [N] before this one (their positions)."""
-        N, d = len(tokens), self.head_dim
-        rows = lambda x: x[tokens.to(x.device)].view(N, -1, 1, d)  # [N, heads, 1, d]
+    def student_rows(self, slots, seen, q, k, v, q_in, k_in, rows) -> torch.Tensor:
+        """The workbench's ``student`` on ``rows(x)`` ``[N, heads, C, d]`` of the step's q, k, v, q_in,
+        k_in: the C new tokens of N requests whose states are in pages ``slots`` [N] after ``seen`` [N]
+        tokens each (an empty state where none came before; vLLM numbers a request's tokens, its
+        RoPE position ids, from 0). The states are written back; the head outputs ``[N, H, C, d]``."""
         index = slots.to(self.kv_cache[0].device)
-        cache = SimpleNamespace(layers=[HybridCacheLayer(self.read_states(index, seen))])
-        y = self.student(rows(q), rows(k), rows(v), None, cache, rows(q_in), rows(k_in),
-                         position_ids=seen[:, None].to(q.device))
+        cache = SimpleNamespace(layers=[HybridCacheLayer(self.read_states(index, seen) if seen.any() else None)])
+        q_rows = rows(q)
+        positions = (seen[:, None] + torch.arange(q_rows.shape[2])).to(q.device)
+        y = self.student(q_rows, rows(k), rows(v), None, cache, rows(q_in), rows(k_in), position_ids=positions)
         self.write_states(index, cache.layers[0].state)
-        output[tokens.to(output.device)] = y.reshape(N, -1).to(output.dtype)
+        return y
 
 
 def lolcats_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_in: torch.Tensor, k_in: torch.Tensor,
