@@ -182,6 +182,7 @@ def queue_and_show(kind: str, config: dict, name: str | None, flash: Callable[[J
 
 
 LAUNCH_FROM = "launch_from"  # a config the Launch page opens with: {"label": ..., "config": ...}
+FROM_JOB = "from_job"  # the Launch page's query parameter: open with this job's config
 
 
 def open_in_launch(label: str, config: dict) -> None:
@@ -191,10 +192,11 @@ def open_in_launch(label: str, config: dict) -> None:
     st.switch_page(page("launch").script)
 
 
-def page_link(key: str, label: str) -> None:
-    """A link to page ``key`` of :data:`app.navigation.PAGES`, with that page's icon."""
+def page_link(key: str, label: str, *, where=st, icon: str | None = None, **kw) -> None:
+    """A link to page ``key`` of :data:`app.navigation.PAGES` in ``where`` (with that page's icon
+    unless given; ``kw``: st.page_link's ``query_params``, ``help``)."""
     target = page(key)
-    st.page_link(target.script, label=label, icon=target.icon)
+    where.page_link(target.script, label=label, icon=icon or target.icon, **kw)
 
 
 def show_flash() -> None:

@@ -128,10 +128,12 @@ def _actions(job: JobInfo) -> None:
     can_export = job.kind == common.CONVERT and job.status == "succeeded" and job.run_dir is not None
     _export_button(c3, job.run_dir, f"export_{job.id}", can_export, EXPORT_HELP)
     if job.kind == common.CONVERT:
+        # a link, not a button calling st.switch_page: a page switched to from inside the
+        # auto-refreshing fragment this is drawn in is sometimes left blank by the fragment's timer
         failed = job.status in ("failed", "cancelled", "interrupted")
-        if c4.button("Edit and relaunch" if failed else "New conversion from this job", key=f"relaunch_{job.id}",
-                     icon=":material/edit:", help="Open the Launch page with this job's config in the form."):
-            common.open_in_launch(f"job #{job.id}{' ' + job.name if job.name else ''}", job.config)
+        common.page_link("launch", "Edit and relaunch" if failed else "New conversion from this job", where=c4,
+                         icon=":material/edit:", query_params={common.FROM_JOB: job.id},
+                         help="Open the Launch page with this job's config in the form.")
 
 
 def _manage(job: JobInfo) -> None:
@@ -303,9 +305,9 @@ def _tail(path, size: int = 12000) -> str:
         return f.read().decode("utf-8", "replace")
 
 
-@st.fragment(run_every=common.REFRESH_S)
 def live() -> None:
-    """The job table and the selected job, refreshed."""
+    """The job table and the selected job (a fragment: redrawn alone by its widgets, and every
+    :data:`common.REFRESH_S` seconds while the page's last whole drawing found a job active)."""
     jobs = common.list_jobs()
     if not jobs:
         if any(c.job is None for c in common.conversions()):  # listed below the fragment
@@ -333,7 +335,10 @@ def live() -> None:
                 "error / reason", width="large" if any(_note(j) for j in jobs) else "small"),
         },
     )
-    st.caption(f"Updated {common.local_time(common.utcnow())} · refreshes every {common.REFRESH_S:g} s")
+    refresh = (f"refreshes every {common.REFRESH_S:g} s while a job is queued or running"
+               if any(j.status in common.ACTIVE for j in jobs) else
+               "no job is queued or running: the table refreshes by itself while one is")
+    st.caption(f"Updated {common.local_time(common.utcnow())} · {refresh}")
     _details(_select(jobs))
 
 
@@ -399,7 +404,9 @@ def folders(found: list[common.Conversion]) -> None:
 st.title("Jobs")
 common.show_flash()
 outside = [c for c in common.conversions() if c.job is None]
-live()
+# a timer only while it has something to show: an idle page keeps none that could fire into the
+# next page's run
+st.fragment(run_every=common.REFRESH_S if common.list_jobs(status=common.ACTIVE) else None)(live)()
 if outside:
     st.divider()
     folders(outside)

@@ -18,6 +18,8 @@ import yaml
 from app import common, forms
 from core.config import PRESET_DESCRIPTIONS, AttentionSpec, DataSpec, ModelSpec, field_choices
 from core.pipeline.phases import unlisted_phases
+from jobs import api
+from jobs.errors import JobsError
 
 P = "launch_"  # key prefix: a form field's widget is P + the field (a dotted path, forms.FIELDS) + "~" + the filling
 _FORM = "launchform"  # the form's values by field: plain session state, so they survive page switches
@@ -108,12 +110,27 @@ def _load_yaml() -> None:
         _use_base(what.removeprefix("the "), config)
 
 
+def _linked_job() -> dict | None:
+    """The config of the job the page was linked with (``?from_job=<id>``, the Jobs page's "New
+    conversion from this job"), read once: the parameter leaves the address."""
+    raw = st.query_params.get(common.FROM_JOB)
+    if raw is None:
+        return None
+    del st.query_params[common.FROM_JOB]
+    try:
+        job = api.get_job(int(raw), **common.ws())
+    except (ValueError, JobsError):
+        st.warning(f"There is no job {raw!r} to start from: the form keeps its own values.")
+        return None
+    return {"label": f"job #{job.id}{' ' + job.name if job.name else ''}", "config": job.config}
+
+
 def _init_state() -> None:
     if _FORM not in st.session_state:  # the first visit
         st.session_state[P + "preset"] = _default_preset()
         _apply_preset()
     _sync()
-    opened = st.session_state.pop(common.LAUNCH_FROM, None)
+    opened = st.session_state.pop(common.LAUNCH_FROM, None) or _linked_job()
     if opened is not None:
         _use_base(opened["label"], opened["config"])
 

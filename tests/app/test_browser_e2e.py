@@ -195,7 +195,6 @@ def test_launch_watch_inspect_and_chat(page, running_app, workspace, requests_ma
 def _export_and_reuse(page, workspace, job_id: int) -> None:
     """Jobs: export the finished conversion from the page (an export job the app's worker runs), then
     start a new conversion from its config; the Launch page refuses a data file that does not exist."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect
 
     _goto(page, "Jobs")
@@ -208,20 +207,13 @@ def _export_and_reuse(page, workspace, job_id: int) -> None:
         export = next((j for j in api.list_jobs(kind="export", workspace=workspace)), None)
     assert export.status == "succeeded", export.error
     assert (workspace / "exports" / str(job_id) / "lolcats.json").is_file()
-    page.get_by_role("button", name="New conversion from this job").click()
+    page.get_by_role("link", name="New conversion from this job").click()
     page.get_by_role("heading", name="Launch a conversion").wait_for()
     page.get_by_text(f"job #{job_id}").first.wait_for()  # "Based on job #1 ...": the form holds its config
     _idle(page, 120_000)
     local_file = page.get_by_test_id("stRadio").filter(has_text="Training data").get_by_text(
         "Local json / jsonl / parquet / txt file")
-    try:
-        local_file.wait_for(timeout=60_000)  # the Launch page draws the whole form: slow on a loaded machine
-    except PlaywrightTimeout:
-        # a page switched to from the Jobs page's auto-refreshing fragment is sometimes left blank by
-        # the fragment's timer; the menu link draws it again from this session's state
-        (ARTIFACTS / "relaunch-blank.txt").write_text(page.inner_text("body"))
-        _goto(page, "Launch")
-        local_file.wait_for(timeout=120_000)
+    local_file.wait_for(timeout=120_000)  # the Launch page draws the whole form: slow on a loaded machine
     local_file.click()
     path = page.get_by_label("File path")
     path.wait_for(timeout=120_000)

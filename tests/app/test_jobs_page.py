@@ -7,6 +7,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from streamlit.util import calc_hash
 
 from app import forms
 from app.common import fmt_duration
@@ -234,6 +235,12 @@ def _failed_job(ws, config: dict, name: str) -> int:
     return job_id
 
 
+def _link(at, label: str):
+    links = [el.proto for el in at.get("page_link") if el.proto.label == label]
+    assert len(links) == 1, [el.proto.label for el in at.get("page_link")]
+    return links[0]
+
+
 @pytest.mark.parametrize("status, label", [("succeeded", "New conversion from this job"),
                                            ("failed", "Edit and relaunch")])
 def test_a_conversion_opens_in_the_launch_form(fresh_ws, status, label):
@@ -245,17 +252,54 @@ def test_a_conversion_opens_in_the_launch_form(fresh_ws, status, label):
         job = _failed_job(fresh_ws, config, "old")
     at = open_page("views/jobs.py")
     widget(at, "selectbox", "jobs_selected").set_value(job).run()
-    assert button(at, f"relaunch_{job}").label == label
-    button(at, f"relaunch_{job}").click().run()
+    # a link to the Launch page naming the job, followed as the browser follows it
+    link = _link(at, label)
+    assert link.page_script_hash == calc_hash("launch") and link.query_string == f"from_job={job}"
+    at.query_params["from_job"] = str(job)
+    at.switch_page("views/launch.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert "Launch a conversion" in texts(at) and f"Based on job #{job} old" in texts(at).replace("**", "")
+    assert "from_job" not in at.query_params  # read once: a rerun keeps what the user edits since
     assert widget(at, "number_input", "launch_attention.window_size").value == 8
-    at.switch_page("views/launch.py").run()  # AppTest follows st.switch_page for one run only
+    at.run()
     assert widget(at, "number_input", "launch_attention.window_size").value == 8
     assert [s.value for s in at.selectbox if (s.key or "").startswith("launchpreset_")] == ["tiny-test"]
     button(at, "launch_submit").click().run()
     queued = max(api.list_jobs(workspace=fresh_ws), key=lambda j: j.id)
     assert queued.id != job and queued.config == config
+
+
+@pytest.mark.parametrize("raw", ["999", "x"])
+def test_a_link_to_a_missing_job_leaves_the_form_as_it_was(fresh_ws, raw):
+    at = open_page()
+    at.query_params["from_job"] = raw
+    at.switch_page("views/launch.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(f"no job '{raw}'" in w.value for w in at.warning), [w.value for w in at.warning]
+    assert "Based on job" not in texts(at)
+
+
+def test_the_page_refreshes_by_itself_only_while_a_job_is_queued_or_running(fresh_ws, monkeypatch):
+    import streamlit
+
+    timers = []
+    fragment = streamlit.fragment
+
+    def recording(func=None, *, run_every=None):
+        timers.append(run_every)
+        return fragment(func, run_every=run_every)
+
+    monkeypatch.setattr(streamlit, "fragment", recording)
+    done = finished_job(fresh_ws, "convert", {"data": {"seq_len": 64}}, "done", None)
+    at = open_page("views/jobs.py")
+    assert timers == [None] and "no job is queued or running" in texts(at)
+    queued = api.submit_job("convert", forms.preset_config("tiny-test"), workspace=fresh_ws)
+    at.run()
+    assert timers == [None, 2.0] and "refreshes every 2 s while a job is queued or running" in texts(at)
+    assert set(_table(at)) == {done, queued.id}
+    api.cancel_job(queued.id, workspace=fresh_ws)
+    at.run()
+    assert timers == [None, 2.0, None] and "no job is queued or running" in texts(at)
 
 
 def test_a_blank_generated_sample_reads_empty(fresh_ws):
