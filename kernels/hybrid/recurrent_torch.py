@@ -187,10 +187,12 @@ def decode_step_torch(
             S, z = fold_keys(S, z, key_features(state.win_k[:, :, cols], state.win_pos[:, cols]), state.win_v[:, :, cols],
                              fold_weight(state, fold, cols, kind, w, pos, decay))
         place_token(state, k, v, pos, valid, fold)
-    sink, win_k, win_v, win_valid = step_window(state, kind, w, k, v, pos, valid)
+    sink, ring, sinks = step_window(state, kind, w, k, v, pos, valid)
 
-    windowed = kind != "linear"
-    y = compiled_readout(q_feat, q, S, z, win_k if windowed else None, win_v if windowed else None, win_valid, mix, scale)
+    if kind == "linear":
+        y = compiled_readout(q_feat, q, S, z, None, None, None, mix, scale)
+    else:
+        y = compiled_readout(q_feat, q, S, z, *ring, mix, scale, *(sinks or ()))
     return y, dataclasses.replace(state.stepped(S, z, first), **sink_fields(sink))
 
 
@@ -212,21 +214,35 @@ def fold_weight(state: HybridState, fold: torch.Tensor, cols: torch.Tensor, kind
 
 def step_window(state: HybridState, kind: str, w: int, k, v, pos, valid):
     """The softmax keys of a decode step after :func:`kernels.hybrid.ring.place_token`:
-    ``(sink cache, keys, values, valid)``. Without sinks, the ring itself; with sinks, the new
-    token stored in the sink cache when it is a real token at a position < s, and the cached sinks
-    below the window of ``pos`` appended to the ring's keys (``[B, H_kv, K + s, d]``, ``[B, K + s]``)."""
+    ``(sink cache, ring, sinks)``. ``ring`` is the ring's ``(keys, values, valid)``; ``sinks`` is
+    None without sink tokens, else the cached sinks below the window of ``pos`` as ``(keys, values,
+    visible)`` (``[B, H_kv, s, d]``, ``[B, s]``), after the new token was stored in the sink cache
+    when it is a real token at a position < s. The two are read side by side, not concatenated
+    (:func:`readout`; :func:`joined` for a kernel that takes one key tensor)."""
+    ring = (state.win_k, state.win_v, state.win_valid)
     if not state.sinks:
-        return (None, None, None), state.win_k, state.win_v, state.win_valid
+        return (None, None, None), ring, None
     sink = store_sinks((state.sink_k, state.sink_v, state.sink_valid), k, v, pos[:, None], valid[:, None])
-    win_k, win_v = torch.cat([state.win_k, sink[0]], dim=2), torch.cat([state.win_v, sink[1]], dim=2)
-    return sink, win_k, win_v, torch.cat([state.win_valid, visible_sinks(sink[2], kind, w, pos)], dim=1)
+    return sink, ring, (sink[0], sink[1], visible_sinks(sink[2], kind, w, pos))
 
 
-def readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale: float) -> torch.Tensor:
-    """y [B, H, 1, d] of one token from the updated state and window cache (``win_k`` None: linear):
+def joined(ring, sinks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`step_window`'s ring and sinks as one ``(keys [B, H_kv, K + s, d], values, valid [B, K + s])``."""
+    if sinks is None:
+        return ring
+    return (torch.cat([ring[0], sinks[0]], dim=2), torch.cat([ring[1], sinks[1]], dim=2),
+            torch.cat([ring[2], sinks[2]], dim=1))
+
+
+def readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale: float, sink_k=None, sink_v=None,
+            sink_visible=None) -> torch.Tensor:
+    """y [B, H, 1, d] of one token from the updated state and its softmax keys: the window ring
+    (``win_k`` None: linear) and, with sink tokens, the visible sinks, each ``(keys [B, H_kv, K, d],
+    values, valid [B, K])`` and read where they lie (no copy into one tensor):
 
         y = (phi_q(q)^T S + g sum_{j in cache} exp(s_j - c) v_j) / (phi_q(q)^T z + g sum_{j in cache} exp(s_j - c))
-    """
+
+    with c the largest score over the whole cache (ring and sinks)."""
     B, H, _, d = q.shape
     num, den = read_state(q_feat, S, z)
     num, den = num[:, :, 0], den[:, :, 0]  # [B, H, d], [B, H]
@@ -234,13 +250,18 @@ def readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale: float) -> torc
         Hkv = win_k.shape[1]
         G = H // Hkv
         qg = q.float().view(B, Hkv, G, d) * scale
-        s = torch.matmul(qg, win_k.float().transpose(-1, -2))  # [B, Hkv, G, K]
-        s = s.masked_fill(~win_valid[:, None, None, :], float("-inf"))
-        c = s.amax(-1, keepdim=True)
+        parts = [(win_k, win_v, win_valid)] + ([] if sink_k is None else [(sink_k, sink_v, sink_visible)])
+        scores = [torch.matmul(qg, keys.float().transpose(-1, -2)).masked_fill(~ok[:, None, None, :], float("-inf"))
+                  for keys, _, ok in parts]  # [B, Hkv, G, K] each
+        c = scores[0].amax(-1, keepdim=True)
+        for s in scores[1:]:
+            c = torch.maximum(c, s.amax(-1, keepdim=True))
         c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
-        p = torch.exp(s - c) * torch.sigmoid(mix.float()).view(1, Hkv, G, 1)
-        num = num + torch.matmul(p, win_v.float()).view(B, H, d)
-        den = den + p.sum(-1).view(B, H)
+        gate = torch.sigmoid(mix.float()).view(1, Hkv, G, 1)
+        for s, (_, values, _) in zip(scores, parts):
+            p = torch.exp(s - c) * gate
+            num = num + torch.matmul(p, values.float()).view(B, H, d)
+            den = den + p.sum(-1).view(B, H)
     y = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
     return y[:, :, None].to(q.dtype)
 

@@ -23,7 +23,7 @@ import torch
 from kernels._triton import INTERPRETER, tl, triton
 from kernels.hybrid.chunk_triton import head_indices, head_ptr, load_rows, load_state, store_state
 from kernels.hybrid.decay import advance
-from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_weight, sink_fields, step_window
+from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_weight, joined, sink_fields, step_window
 from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
 from kernels.hybrid.window import WindowRule
 
@@ -135,7 +135,8 @@ def decode_step_triton(
         place_token(state, k, v, pos, valid, fold)
     kfold = kfold if kfold.stride(-1) == 1 else kfold.contiguous()
     vfold = vfold if vfold.stride(-1) == 1 else vfold.contiguous()
-    sink, win_k, win_v, win_valid = step_window(state, kind, w, k, v, pos, valid)  # the ring (and sinks)
+    sink, ring, sinks = step_window(state, kind, w, k, v, pos, valid)
+    win_k, win_v, win_valid = joined(ring, sinks)  # the ring (and sinks) as one key tensor
 
     S, z = advance(state.S, state.z, decay, kind, w, pos - 1, pos)
     if inplace and Hs == H and S.is_contiguous() and z.is_contiguous() and S.dtype == torch.float32 and z.dtype == torch.float32:

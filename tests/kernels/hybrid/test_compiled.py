@@ -46,6 +46,19 @@ def test_compiled_readout_equals_the_eager_one_across_steps(fresh):
     torch.testing.assert_close(recurrent_torch.compiled_readout(*args), readout(*args), rtol=1e-6, atol=1e-6)
 
 
+def test_sinks_read_beside_the_ring_equal_one_joined_cache():
+    # the decode step reads the sink cache where it lies; a kernel taking one key tensor gets both joined
+    g = torch.Generator().manual_seed(5)
+    q_feat, q, S, z, win_k, win_v, win_valid, mix, scale = readout_args()
+    B, Hkv, _, d = win_k.shape
+    sinks = (torch.randn(B, Hkv, 3, d, generator=g) * 3, torch.randn(B, Hkv, 3, d, generator=g),
+             torch.tensor([[True, False, True], [False, False, False]]))
+    beside = readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale, *sinks)
+    one = readout(q_feat, q, S, z, *recurrent_torch.joined((win_k, win_v, win_valid), sinks), mix, scale)
+    torch.testing.assert_close(beside, one, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(beside, readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale))
+
+
 def test_a_failing_compiler_falls_back_once_with_equal_outputs(fresh, monkeypatch, caplog):
     def broken(fn, **kwargs):
         raise RuntimeError("InductorError: no working C++ compiler found")
