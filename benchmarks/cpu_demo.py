@@ -3,7 +3,7 @@ evaluation) against the README's bound of 15 minutes on 2 CPU cores.
 
 Runs ``core.run_convert`` on the cpu-demo preset in a fresh workspace and prints one JSON object:
 
-    .venv/bin/python benchmarks/cpu_demo.py               # the preset: about 17 minutes on 2 idle cores
+    .venv/bin/python benchmarks/cpu_demo.py               # the preset: about 15 minutes on 2 idle cores
     .venv/bin/python benchmarks/cpu_demo.py --scale 0.1   # a smoke run: a tenth of the steps and blocks
 
 Fields: ``wall_s`` (the conversion, run_convert's call to its return, the bundled model already

@@ -12,9 +12,8 @@ either unchanged), ``max_num_seqs`` the largest request count. The teacher's key
 with every token, so the budget holds a few of its requests at a time and queues the rest; the
 student's state does not grow, so the same budget holds many more.
 
-The student is an export of the cpu-demo preset's attention (a sliding window of 126 keys, 4
-sinks, key feature maps per key/value head) with one training step per stage, unless ``--student``
-names an export: speed and memory do not depend on the trained values.
+The student is an export of ``--preset``'s attention (default cpu-demo) with one training step per
+stage, unless ``--student`` names an export: speed and memory do not depend on the trained values.
 
 Writes ``benchmarks/results/serving-throughput-cpu.json``: the setup, each model's capacity (requests
 of prompt + generation tokens the budget holds, vLLM's own figure) and startup, and per request

@@ -81,9 +81,9 @@ def test_override_of_an_unknown_field_names_it():
 
 
 def test_file_names_its_base_preset(tmp_path):
-    path = write(tmp_path, "preset: cpu-demo\ndata:\n  seq_len: 128\n")
+    path = write(tmp_path, "preset: cpu-demo\ndata:\n  seq_len: 384\n")
     config = load_config(path)
-    assert config.data.seq_len == 128
+    assert config.data.seq_len == 384
     assert config.stage1.steps == PRESETS["cpu-demo"]["stage1"]["steps"]  # from the preset
     assert config.data.val_examples == PRESETS["cpu-demo"]["data"]["val_examples"]  # merged, not replaced
     assert load_config(path, "cpu-demo") == config  # --preset naming the same preset agrees

@@ -6,10 +6,10 @@ softmax keys, no history), and below 1.5.
 The library's defaults decide the maths of the attention, so a default whose history drifts past
 the training length fails here: the paper's form (feature maps on RoPE-rotated q, k, an
 unnormalised history) scores about 1.5x the window's ratio at 4x (docs/long-context.md).
-The window is the library's default too (terraced, 64 keys, key feature maps per query head): the
-cpu-demo preset's sliding window of 126 keys is an untrained baseline that this short run (150
-steps, no stage 2) does not beat at 4x, where the preset's full run has the lower ratio
-(docs/long-context.md)."""
+The window and the feature dimension are the library's defaults too (terraced, 64 keys, key feature
+maps per query head, f = 64): the cpu-demo preset's longer sliding window is an untrained baseline
+that this short run (150 steps, no stage 2) does not beat at 4x, where the preset's full run has
+the lower ratio (docs/long-context.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from core.config.schema import AttentionSpec
 
 TRAIN_LEN = 256  # positions beyond the terraced window's two 64-token tiles have a linear history
 LONG = 4 * TRAIN_LEN
-WINDOW = ("kind", "window_size", "key_map_heads")  # the library's defaults, not the preset's
+WINDOW = ("kind", "window_size", "key_map_heads", "feature_dim")  # the library's defaults, not the preset's
 CONFIG = preset(
     "cpu-demo",
     attention={name: AttentionSpec.model_fields[name].default for name in WINDOW},
