@@ -3,7 +3,7 @@
 first (``recurrent_torch.joined``, what the Triton decode step takes).
 
 Times one layer's readout at the cpu-demo preset's decode shape (SmolLM2-135M: 9 query heads / 3
-key/value heads, head dim 64, a sliding window of 174 keys plus 4 sinks, Hedgehog f = 16 with key
+key/value heads, head dim 64, a sliding window of 183 keys plus 4 sinks, Hedgehog f = 8 with key
 features per key/value head) for a batch of 8, the two forms interleaved repeat by repeat,
 medians; outputs checked equal first. Prints and writes JSON (default
 ``benchmarks/results/decode-readout-cpu.json``):
@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from core.io import atomic_write_json  # noqa: E402
 from kernels.hybrid.recurrent_torch import joined, readout  # noqa: E402
 
-B, H, HKV, D, F, WINDOW, SINKS = 8, 9, 3, 64, 32, 174, 4
+B, H, HKV, D, F, WINDOW, SINKS = 8, 9, 3, 64, 16, 183, 4
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "decode-readout-cpu.json"
 
 

@@ -2,7 +2,7 @@
 (SmolLM2-135M-Instruct) served by the same vLLM, generated tokens per second and requests running
 at once against the number of concurrent requests, at a long prompt, under one fixed cache budget.
 
-    .venv/bin/python benchmarks/serving_throughput.py           # about 15 minutes on 2 CPU cores
+    .venv/bin/python benchmarks/serving_throughput.py           # about 12 minutes on 2 CPU cores
     .venv/bin/python benchmarks/serving_throughput.py --quick   # a smoke run: short prompts, few requests
 
 Needs the serving environment (``bash scripts/setup-serving.sh``). Both models run in vLLM's offline
