@@ -3,8 +3,8 @@
 first (``recurrent_torch.joined``, what the Triton decode step takes).
 
 Times one layer's readout at the cpu-demo preset's decode shape (SmolLM2-135M: 9 query heads / 3
-key/value heads, head dim 64, a sliding window of 183 keys plus 4 sinks, Hedgehog f = 8 with key
-features per key/value head) for a batch of 8, the two forms interleaved repeat by repeat,
+key/value heads, head dim 64; the preset's window, sink tokens and Hedgehog feature dimension, with
+key features per key/value head) for a batch of 8, the two forms interleaved repeat by repeat,
 medians; outputs checked equal first. Prints and writes JSON (default
 ``benchmarks/results/decode-readout-cpu.json``):
 
@@ -26,10 +26,14 @@ sys.path.insert(0, str(ROOT))  # ahead of benchmarks/, whose kernels.py would sh
 
 import torch  # noqa: E402
 
+from core.config.presets import PRESETS  # noqa: E402
 from core.io import atomic_write_json  # noqa: E402
 from kernels.hybrid.recurrent_torch import joined, readout  # noqa: E402
 
-B, H, HKV, D, F, WINDOW, SINKS = 8, 9, 3, 64, 16, 183, 4
+ATTENTION = PRESETS["cpu-demo"]["attention"]
+B, H, HKV, D = 8, 9, 3, 64
+WINDOW, SINKS = ATTENTION["window_size"], ATTENTION["sink_tokens"]
+F = 2 * ATTENTION["feature_dim"]  # Hedgehog's features: [softmax(x W), softmax(-x W)]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "decode-readout-cpu.json"
 
 
