@@ -96,9 +96,11 @@ KEY_MAP_HEADS = ("query", "kv")
 def query_positions(mask: torch.Tensor | None, state: HybridState | None, B: int, L: int, device) -> torch.Tensor:
     """[B, L] positions of L new tokens from each row's first real token (negative before it),
     after the tokens a decode ``state`` has seen (None: a prompt from its start)."""
-    valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=device)
     seen = 0 if state is None else state.seen
-    first = seen + (valid.long().cumsum(-1) == 0).sum(-1)  # the chunk's first real token (L when none)
+    if mask is None:  # every token is real: the chunk's first
+        first = torch.full((B,), seen, dtype=torch.long, device=device)
+    else:  # the chunk's first real token (L when none)
+        first = seen + (mask.long().cumsum(-1) == 0).sum(-1)
     if state is not None:
         first = torch.where(state.first >= 0, state.first, first)
     return seen + torch.arange(L, device=device)[None, :] - first[:, None]
@@ -277,11 +279,12 @@ class LolcatsAttention(nn.Module):
             return None
         seen = 0 if state is None else state.seen
         ids = seen + torch.arange(L, device=device)[None] if position_ids is None else position_ids
-        valid = mask if mask is not None else torch.ones(B, L, dtype=torch.bool, device=device)
         offset = ids.expand(B, L) - query_positions(mask, state, B, L, device)
-        last = (valid.long() * torch.arange(1, L + 1, device=device)).argmax(-1, keepdim=True)  # the last real token
+        if mask is None:  # every token is real: the last one's
+            return offset[:, -1]
+        last = (mask.long() * torch.arange(1, L + 1, device=device)).argmax(-1, keepdim=True)  # the last real token
         held = state.key_offset if state is not None and state.key_offset is not None else torch.zeros_like(offset[:, 0])
-        return torch.where(valid.any(-1), offset.gather(1, last)[:, 0], held)
+        return torch.where(mask.any(-1), offset.gather(1, last)[:, 0], held)
 
     def cached_key_features(self, offset: torch.Tensor | None):
         """phi_k of keys the recurrent state cached after RoPE, ``(keys [B, H_kv, K, d], window

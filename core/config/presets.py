@@ -6,9 +6,9 @@ Plain data (torch-free), so the job system and the UI can list them without load
 from core.config.constants import GEMMA3_MODEL, TINY_MODEL
 from core.config.tree import deep_merge
 
-# The bundled model on 2 CPU cores in 15 to 16 minutes, its long-context evaluation included
-# (benchmarks/cpu_demo.py, benchmarks/results/cpu-demo-timing.json: 963 s, on a machine where the
-# recipe before it took 958 s and which is 12 % slower than one where that took 858 s). Measured on it
+# The bundled model on 2 CPU cores in 14 to 16 minutes, its long-context evaluation included
+# (benchmarks/cpu_demo.py, benchmarks/results/cpu-demo-timing.json: 834 s alone; the same recipe
+# took 963 s on a slower day of the same machine). Measured on it
 # (benchmarks/results/recipe-cpu.md, long-context-cpu.md): 4 sink tokens kept softmax (SmolLM2
 # parks up to 64 % of a late layer's attention on the first token), the library's long-context
 # defaults (feature maps on q, k before RoPE, a decaying history) and 512-token blocks, longer
@@ -77,7 +77,7 @@ PRESETS: dict[str, dict] = {
 
 PRESET_DESCRIPTIONS: dict[str, str] = {  # one line each, for CLI help, the job list and the Launch page
     "paper-8b": "the paper's Llama 3 8B recipe with 4 sink tokens (GPU and hub access needed)",
-    "cpu-demo": "the bundled SmolLM2-135M on CPU in 15 to 16 minutes, evaluated up to 4096 tokens",
+    "cpu-demo": "the bundled SmolLM2-135M on CPU in 14 to 16 minutes, evaluated up to 4096 tokens",
     "cpu-demo-gemma3": "the bundled Gemma 3 270M on CPU (its 3 global layers converted, 4 sink tokens)",
     "tiny-test": "a 2-layer random Llama with the bundled tokenizer: seconds",
 }

@@ -38,7 +38,7 @@ from kernels.hybrid.chunk_torch import augment_values
 from kernels.hybrid.compiled import maybe_compile
 from kernels.hybrid.decay import advance, fold_ages
 from kernels.hybrid.heads import read_state
-from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
+from kernels.hybrid.ring import any_columns, leaving, leaving_columns, place_token, token_position
 from kernels.hybrid.window import WindowRule, window_start
 
 # phi_k of cached keys: (keys [B, H_kv, K, d] as the softmax reads them, their positions [B, K]) -> [B, H_s, K, F]
@@ -109,7 +109,8 @@ def fold_keys(S, z, k_feat, v, weight):
     k_feat [B, H_s, K, F], v [B, H_kv, K, d], weight [B, K] (0/1) or [B, H_s, K] (per head: decay
     weights), for a state per head of the key feature map (H_s = H or H_kv). One product per state
     head with the augmented values [v_j, 1] gives both; phi_k enters transposed, as a view, and each
-    of the H_s / H_kv state heads of a KV head takes its own product, so neither operand is copied."""
+    of the H_s / H_kv state heads of a KV head takes its own product, so neither operand is copied.
+    One key (K = 1, a sliding window's decode step) is an outer product, taken by broadcasting."""
     B, H, K, Fd = k_feat.shape
     Hkv, d = v.shape[1], v.shape[-1]
     kf = k_feat.float()
@@ -118,6 +119,9 @@ def fold_keys(S, z, k_feat, v, weight):
     elif not bool(weight.all()):
         kf = kf * weight[:, None, :, None].to(kf.dtype)
     kf = kf.view(B, Hkv, H // Hkv, K, Fd)
+    if K == 1:  # S + phi_k(k)^T v: [B, H_kv, G, F, 1] times [B, H_kv, 1, 1, d], added in one pass
+        S = torch.addcmul(S.reshape(B, Hkv, H // Hkv, Fd, d), kf.transpose(-1, -2), v.float()[:, :, None])
+        return S.view(B, H, Fd, d), z + kf.reshape(B, H, Fd)
     va = augment_values(v.float())  # [B, Hkv, K, d + 1]
     Sz = torch.stack([torch.matmul(kf[:, :, g].transpose(-1, -2), va) for g in range(H // Hkv)], dim=2)
     Sz = Sz.view(B, H, Fd, d + 1)
@@ -183,7 +187,7 @@ def decode_step_torch(
     else:  # fold the keys that leave the window (sink keys leave it unfolded), then write the new one into its slot
         fold = leaving(kind, w, state, pos)
         cols = leaving_columns(kind, state, fold)
-        if cols.numel():
+        if any_columns(cols):  # folded before place_token overwrites the slot
             S, z = fold_keys(S, z, key_features(state.win_k[:, :, cols], state.win_pos[:, cols]), state.win_v[:, :, cols],
                              fold_weight(state, fold, cols, kind, w, pos, decay))
         place_token(state, k, v, pos, valid, fold)
@@ -192,7 +196,7 @@ def decode_step_torch(
     if kind == "linear":
         y = compiled_readout(q_feat, q, S, z, None, None, None, mix, scale)
     else:
-        y = compiled_readout(q_feat, q, S, z, *ring, mix, scale, *(sinks or ()))
+        y = compiled_readout(q_feat, q, S, z, *all_valid(ring), mix, scale, *all_valid(sinks or ()))
     return y, dataclasses.replace(state.stepped(S, z, first), **sink_fields(sink))
 
 
@@ -201,7 +205,7 @@ def sink_fields(sink) -> dict:
     return dict(zip(("sink_k", "sink_v", "sink_valid"), sink))
 
 
-def fold_weight(state: HybridState, fold: torch.Tensor, cols: torch.Tensor, kind: str, w: int, pos: torch.Tensor,
+def fold_weight(state: HybridState, fold: torch.Tensor, cols: slice | torch.Tensor, kind: str, w: int, pos: torch.Tensor,
                 decay=None) -> torch.Tensor:
     """The weight of the leaving keys in slots ``cols`` as they enter S, z after a token at ``pos``:
     [B, C] 0/1, 1 for those of ``fold`` (:func:`kernels.hybrid.ring.leaving`) that are not sink
@@ -222,8 +226,25 @@ def step_window(state: HybridState, kind: str, w: int, k, v, pos, valid):
     ring = (state.win_k, state.win_v, state.win_valid)
     if not state.sinks:
         return (None, None, None), ring, None
-    sink = store_sinks((state.sink_k, state.sink_v, state.sink_valid), k, v, pos[:, None], valid[:, None])
+    sink = (state.sink_k, state.sink_v, state.sink_valid)
+    if not sinks_complete(state):
+        sink = store_sinks(sink, k, v, pos[:, None], valid[:, None])
     return sink, ring, (sink[0], sink[1], visible_sinks(sink[2], kind, w, pos))
+
+
+def sinks_complete(state: HybridState) -> bool:
+    """Whether every row has stored all its sink keys, so that no later token is one (positions only
+    grow). Checked on CPU only, where reading a flag back costs nothing; on a GPU the check would
+    wait for the device, so the store runs and leaves the cache as it is."""
+    return state.seen >= state.sinks and state.sink_valid.device.type == "cpu" and bool(state.sink_valid.all())
+
+
+def all_valid(keys: tuple) -> tuple:
+    """``(keys, values, valid)`` with ``valid`` None when every key is valid (the readout then masks
+    nothing): checked on CPU only, where reading a flag back costs nothing; ``()`` stays ``()``."""
+    if keys and keys[2].device.type == "cpu" and bool(keys[2].all()):
+        return keys[0], keys[1], None
+    return keys
 
 
 def joined(ring, sinks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -238,7 +259,7 @@ def readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale: float, sink_k=
             sink_visible=None) -> torch.Tensor:
     """y [B, H, 1, d] of one token from the updated state and its softmax keys: the window ring
     (``win_k`` None: linear) and, with sink tokens, the visible sinks, each ``(keys [B, H_kv, K, d],
-    values, valid [B, K])`` and read where they lie (no copy into one tensor):
+    values, valid [B, K] or None: all valid)`` and read where they lie (no copy into one tensor):
 
         y = (phi_q(q)^T S + g sum_{j in cache} exp(s_j - c) v_j) / (phi_q(q)^T z + g sum_{j in cache} exp(s_j - c))
 
@@ -251,15 +272,15 @@ def readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale: float, sink_k=
         G = H // Hkv
         qg = q.float().view(B, Hkv, G, d) * scale
         parts = [(win_k, win_v, win_valid)] + ([] if sink_k is None else [(sink_k, sink_v, sink_visible)])
-        scores = [torch.matmul(qg, keys.float().transpose(-1, -2)).masked_fill(~ok[:, None, None, :], float("-inf"))
-                  for keys, _, ok in parts]  # [B, Hkv, G, K] each
+        scores = [torch.matmul(qg, keys.float().transpose(-1, -2)) for keys, _, _ in parts]  # [B, Hkv, G, K] each
+        scores = [s if ok is None else s.masked_fill(~ok[:, None, None, :], float("-inf")) for s, (_, _, ok) in zip(scores, parts)]
         c = scores[0].amax(-1, keepdim=True)
         for s in scores[1:]:
             c = torch.maximum(c, s.amax(-1, keepdim=True))
         c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
-        gate = torch.sigmoid(mix.float()).view(1, Hkv, G, 1)
+        c = c - torch.nn.functional.logsigmoid(mix.float()).view(1, Hkv, G, 1)  # exp(s - c) g = exp(s - (c - log g))
         for s, (_, values, _) in zip(scores, parts):
-            p = torch.exp(s - c) * gate
+            p = torch.exp(s - c)
             num = num + torch.matmul(p, values.float()).view(B, H, d)
             den = den + p.sum(-1).view(B, H)
     y = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)

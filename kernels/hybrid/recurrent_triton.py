@@ -24,7 +24,7 @@ from kernels._triton import INTERPRETER, tl, triton
 from kernels.hybrid.chunk_triton import head_indices, head_ptr, load_rows, load_state, store_state
 from kernels.hybrid.decay import advance
 from kernels.hybrid.recurrent_torch import HybridState, KeyFeatures, fold_weight, joined, sink_fields, step_window
-from kernels.hybrid.ring import leaving, leaving_columns, place_token, token_position
+from kernels.hybrid.ring import any_columns, leaving, leaving_columns, place_token, token_position
 from kernels.hybrid.window import WindowRule
 
 
@@ -124,11 +124,11 @@ def decode_step_triton(
     else:
         fold = leaving(kind, w, state, pos)
         cols = leaving_columns(kind, state, fold)
-        if cols.numel():
+        if any_columns(cols):
             weight = fold_weight(state, fold, cols, kind, w, pos, decay)
             weight = (weight[:, :, :, None] if weight.dim() == 3 else weight[:, None, :, None]).to(q_feat.dtype)
             kfold = key_features(state.win_k[:, :, cols], state.win_pos[:, cols]) * weight  # [B, H_s, C, F]
-            vfold = state.win_v[:, :, cols]  # [B, H_kv, C, d]
+            vfold = state.win_v[:, :, cols].clone()  # [B, H_kv, C, d], a copy: place_token overwrites the slot
         else:
             kfold = q_feat.new_zeros(B, Hs, 0, Fd)
             vfold = v.new_zeros(B, Hkv, 0, d)

@@ -28,13 +28,19 @@ def leaving(kind: str, w: int, state, pos: torch.Tensor) -> torch.Tensor:
     return state.win_valid & (state.win_pos < window_start(kind, w, pos)[:, None])
 
 
-def leaving_columns(kind: str, state, fold: torch.Tensor) -> torch.Tensor:
+def leaving_columns(kind: str, state, fold: torch.Tensor) -> slice | torch.Tensor:
     """Slots that may hold leaving keys. Sliding window: only the slot the new token takes (the
-    key w tokens back), with no host synchronisation; terraced: a whole tile at a tile boundary,
-    found with one ``nonzero``."""
+    key w tokens back), as a slice (reading the ring through it makes views, not copies, and waits
+    for nothing); terraced: a whole tile at a tile boundary, found with one ``nonzero``."""
     if kind == "sliding_window":
-        return torch.full((1,), state.seen % fold.shape[1], dtype=torch.long, device=fold.device)
+        slot = state.seen % fold.shape[1]
+        return slice(slot, slot + 1)
     return fold.any(0).nonzero().flatten()
+
+
+def any_columns(cols: slice | torch.Tensor) -> bool:
+    """Whether :func:`leaving_columns` found a slot to read."""
+    return isinstance(cols, slice) or cols.numel() > 0
 
 
 def place_token(state, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor,

@@ -34,3 +34,22 @@ def test_the_setting():
     assert stored_attention({"kind": "terraced"}).feature_positions == "rotary"  # runs written before the field
     model = converted("llama", "terraced", window=8, feature_positions="none")
     assert all(m.feature_positions == "none" for m in core.lolcats_modules(model).values())
+
+
+@pytest.mark.parametrize("norm", ["power", "decay"])
+@torch.no_grad()
+def test_without_a_mask_prefill_and_decoding_match_the_masked_forward(norm):
+    """No attention mask and no position ids (every token real, ids from 0): the positions and key
+    offsets the layer derives without a mask give the masked forward's logits, and decoding token by
+    token after a prompt gives the parallel forward's (keys leaving the window rotated back at their
+    own position ids)."""
+    from transformers import DynamicCache
+
+    model = converted("llama", "sliding_window", window=8, sinks=2, history_norm=norm, key_map_heads="kv")
+    ids, _ = left_padded_batch([60, 60], 60)
+    full = model(input_ids=ids).logits
+    assert rel_err(full, model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits) < 1e-6
+    cache = DynamicCache(config=model.config)
+    steps = [model(input_ids=ids[:, :21], past_key_values=cache, use_cache=True).logits]
+    steps += [model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits for t in range(21, 60)]
+    assert rel_err(torch.cat(steps, dim=1), full) < 1e-5

@@ -180,9 +180,10 @@ class NextTokenOracle(nn.Module):
         super().__init__()
         self.shift, self.p = shift, nn.Parameter(torch.zeros(1))
 
-    def forward(self, input_ids, use_cache=False):
+    def forward(self, input_ids, use_cache=False, logits_to_keep=0):
         nxt = torch.roll(input_ids, -1, dims=1) + self.shift
-        return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt % 400, 400).float() * 10)
+        logits = torch.nn.functional.one_hot(nxt % 400, 400).float() * 10
+        return SimpleNamespace(logits=logits[:, -logits_to_keep:])  # transformers' 0: every position
 
 
 @pytest.mark.parametrize("length", [1000, 2000])

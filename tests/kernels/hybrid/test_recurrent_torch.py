@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels.hybrid.naive import positions
-from kernels.hybrid.recurrent_torch import decode_step_torch, prefill_state
+from kernels.hybrid.recurrent_torch import decode_step_torch, fold_keys, prefill_state
 from kernels.hybrid.window import KINDS, WindowRule, window_capacity
 from tests.kernels.hybrid.decoding import assert_matches_naive, decode_case, whole_sequence
 from tests.kernels.utils import assert_close
@@ -53,3 +53,21 @@ def assert_same_sinks(whole, state, sinks: int) -> None:
         held = whole.sink_valid[:, None, :, None]
         for name in ("sink_k", "sink_v"):
             assert torch.equal(torch.where(held, getattr(whole, name), 0), torch.where(held, getattr(state, name), 0)), name
+
+
+@pytest.mark.parametrize("H, per_head", [(4, False), (4, True), (2, True)], ids=["G2", "G2-decay", "G1-decay"])
+def test_folding_one_key_equals_folding_it_beside_a_key_of_weight_zero(H, per_head):
+    """One leaving key (a sliding window's decode step) is folded by broadcasting, several by
+    matmul: the two agree."""
+    g = torch.Generator().manual_seed(0)
+    B, Hkv, F, d = 3, 2, 6, 5
+    S, z = torch.randn(B, H, F, d, generator=g), torch.rand(B, H, F, generator=g)
+    kf, v = torch.rand(B, H, 2, F, generator=g), torch.randn(B, Hkv, 2, d, generator=g)
+    weight = torch.rand(B, H, 2, generator=g) if per_head else torch.tensor([[True, False], [True, True], [False, True]])
+    one = fold_keys(S, z, kf[:, :, :1], v[:, :, :1], weight[..., :1])
+    off = weight.clone()
+    off[..., 1] = 0
+    two = fold_keys(S, z, kf, v, off)
+    assert_close("S", two[0], one[0], 1e-6)
+    assert_close("z", two[1], one[1], 1e-6)
+    assert not torch.allclose(one[0], S)  # the key was folded
