@@ -78,12 +78,22 @@ def model_positions(model: nn.Module) -> int | None:
 
 
 @torch.no_grad()
+def next_token_logits(model: nn.Module, ids: torch.Tensor, last: int = 0) -> torch.Tensor:
+    """Logits that predict the last ``last`` tokens of one sequence ``ids`` [L] (0: every token
+    after the first), ``[last or L - 1, V]``: one forward pass without a cache, whose LM head runs
+    on those positions only (over every position, a vocabulary of tens of thousands makes the head
+    a large part of a long pass)."""
+    device = next(model.parameters()).device
+    keep = last + 1 if last else 0  # transformers' logits_to_keep: 0 keeps every position
+    return model(input_ids=ids[None].to(device), use_cache=False, logits_to_keep=keep).logits[0, :-1]
+
+
+@torch.no_grad()
 def token_scores(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token NLL and greedy prediction at every position of one sequence ``ids`` [L]:
     two [L - 1] tensors (float64, long), one forward pass without a cache."""
-    device = next(model.parameters()).device
-    logits = model(input_ids=ids[None].to(device), use_cache=False).logits[0, :-1].float()
-    nll = F.cross_entropy(logits, ids[1:].to(device), reduction="none").double().cpu()
+    logits = next_token_logits(model, ids).float()
+    nll = F.cross_entropy(logits, ids[1:].to(logits.device), reduction="none").double().cpu()
     return nll, logits.argmax(-1).cpu()
 
 
@@ -198,15 +208,10 @@ def passkey_item(tokenizer, length: int, depth: float, key: int) -> tuple[torch.
     return torch.cat([prompt, answer]), prompt.shape[0]
 
 
-@torch.no_grad()
 def passkey_hit(model: nn.Module, ids: torch.Tensor, answer_start: int) -> bool:
-    """Whether greedy decoding after ``ids[:answer_start]`` produces ``ids[answer_start:]``: one
-    forward pass without a cache, its LM head applied only to the positions that predict an answer
-    token (over every position, a vocabulary of tens of thousands makes the head a large part of a
-    long pass)."""
-    device = next(model.parameters()).device
-    answer = ids.shape[0] - answer_start
-    logits = model(input_ids=ids[None].to(device), use_cache=False, logits_to_keep=answer + 1).logits[0, :-1]
+    """Whether greedy decoding after ``ids[:answer_start]`` produces ``ids[answer_start:]`` (the LM
+    head on the answer's positions only, :func:`next_token_logits`)."""
+    logits = next_token_logits(model, ids, ids.shape[0] - answer_start)
     return bool((logits.argmax(-1).cpu() == ids[answer_start:]).all())
 
 
@@ -333,4 +338,5 @@ def _doublings(start: int, top: int) -> list[int]:
 
 
 __all__ = ["BUCKET_EDGES", "NOISE_BLOCK", "auto_lengths", "frontier", "frontier_windows", "held_out_sequences", "judge",
-           "long_context_report", "paired_margin", "passkey_grid", "passkey_prompt", "summarise", "token_scores"]
+           "long_context_report", "next_token_logits", "paired_margin", "passkey_grid", "passkey_prompt", "summarise",
+           "token_scores"]

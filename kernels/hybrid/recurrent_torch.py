@@ -232,17 +232,23 @@ def step_window(state: HybridState, kind: str, w: int, k, v, pos, valid):
     return sink, ring, (sink[0], sink[1], visible_sinks(sink[2], kind, w, pos))
 
 
+def all_set_on_cpu(flags: torch.Tensor) -> bool:
+    """Whether ``flags`` (bool) are all set, asked on CPU only, where reading a flag back costs
+    nothing; on a GPU the answer would wait for the device, so it is False there and the caller
+    does the work that is a no-op when they are set."""
+    return flags.device.type == "cpu" and bool(flags.all())
+
+
 def sinks_complete(state: HybridState) -> bool:
     """Whether every row has stored all its sink keys, so that no later token is one (positions only
-    grow). Checked on CPU only, where reading a flag back costs nothing; on a GPU the check would
-    wait for the device, so the store runs and leaves the cache as it is."""
-    return state.seen >= state.sinks and state.sink_valid.device.type == "cpu" and bool(state.sink_valid.all())
+    grow; :func:`all_set_on_cpu`: on a GPU the store runs and leaves the cache as it is)."""
+    return state.seen >= state.sinks and all_set_on_cpu(state.sink_valid)
 
 
 def all_valid(keys: tuple) -> tuple:
     """``(keys, values, valid)`` with ``valid`` None when every key is valid (the readout then masks
-    nothing): checked on CPU only, where reading a flag back costs nothing; ``()`` stays ``()``."""
-    if keys and keys[2].device.type == "cpu" and bool(keys[2].all()):
+    nothing; :func:`all_set_on_cpu`); ``()`` stays ``()``."""
+    if keys and all_set_on_cpu(keys[2]):
         return keys[0], keys[1], None
     return keys
 
