@@ -97,13 +97,19 @@ def query_positions(mask: torch.Tensor | None, state: HybridState | None, B: int
     """[B, L] positions of L new tokens from each row's first real token (negative before it),
     after the tokens a decode ``state`` has seen (None: a prompt from its start)."""
     seen = 0 if state is None else state.seen
+    return seen + torch.arange(L, device=device)[None, :] - first_tokens(mask, state, B, device)[:, None]
+
+
+def first_tokens(mask: torch.Tensor | None, state: HybridState | None, B: int, device) -> torch.Tensor:
+    """[B] index of each row's first real token among all tokens so far (:func:`query_positions`)."""
+    seen = 0 if state is None else state.seen
     if mask is None:  # every token is real: the chunk's first
-        first = torch.full((B,), seen, dtype=torch.long, device=device)
+        first = torch.full((B,), seen, dtype=torch.long, device=device) if state is None else seen
     else:  # the chunk's first real token (L when none)
         first = seen + (mask.long().cumsum(-1) == 0).sum(-1)
     if state is not None:
         first = torch.where(state.first >= 0, state.first, first)
-    return seen + torch.arange(L, device=device)[None, :] - first[:, None]
+    return first
 
 
 # Ids of the converted layers computing softmax attention in the current context (thread or task),
@@ -278,10 +284,11 @@ class LolcatsAttention(nn.Module):
         if self.feature_positions == "rotary":
             return None
         seen = 0 if state is None else state.seen
+        if mask is None:  # every token is real: the last one's, its id minus seen + L - 1 - first
+            first = first_tokens(None, state, B, device)
+            return first if position_ids is None else position_ids[:, -1] - (seen + L - 1) + first
         ids = seen + torch.arange(L, device=device)[None] if position_ids is None else position_ids
         offset = ids.expand(B, L) - query_positions(mask, state, B, L, device)
-        if mask is None:  # every token is real: the last one's
-            return offset[:, -1]
         last = (mask.long() * torch.arange(1, L + 1, device=device)).argmax(-1, keepdim=True)  # the last real token
         held = state.key_offset if state is not None and state.key_offset is not None else torch.zeros_like(offset[:, 0])
         return torch.where(mask.any(-1), offset.gather(1, last)[:, 0], held)
@@ -362,9 +369,10 @@ class LolcatsAttention(nn.Module):
         outs = []
         decay, rule = self.log_decay(), self.rule
         for t in range(L):
+            token = (slice(None), slice(None), slice(t, t + 1)) if L > 1 else ...  # one token: the tensors as they are
             y, layer.state = dispatch.decode_step(
-                layer.state, rule, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], qf[:, :, t : t + 1],
-                self.mix, valid[:, t], key_features, self.scaling, decay,
+                layer.state, rule, q[token], k[token], v[token], qf[token], self.mix, valid[:, t], key_features,
+                self.scaling, decay,
             )
             outs.append(y)
         layer.state.key_offset = offset

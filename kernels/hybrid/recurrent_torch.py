@@ -38,7 +38,7 @@ from kernels.hybrid.chunk_torch import augment_values
 from kernels.hybrid.compiled import maybe_compile
 from kernels.hybrid.decay import advance, fold_ages
 from kernels.hybrid.heads import read_state
-from kernels.hybrid.ring import any_columns, leaving, leaving_columns, place_token, token_position
+from kernels.hybrid.ring import any_columns, leaving, leaving_columns, place_token, token_position, writable, write_slot
 from kernels.hybrid.window import WindowRule, window_start
 
 # phi_k of cached keys: (keys [B, H_kv, K, d] as the softmax reads them, their positions [B, K]) -> [B, H_s, K, F]
@@ -106,17 +106,18 @@ def visible_sinks(sink_valid: torch.Tensor, kind: str, w: int, pos: torch.Tensor
 def fold_keys(S, z, k_feat, v, weight):
     """Add weight_j * phi_k(k_j) v_j^T to S and weight_j * phi_k(k_j) to z.
 
-    k_feat [B, H_s, K, F], v [B, H_kv, K, d], weight [B, K] (0/1) or [B, H_s, K] (per head: decay
-    weights), for a state per head of the key feature map (H_s = H or H_kv). One product per state
-    head with the augmented values [v_j, 1] gives both; phi_k enters transposed, as a view, and each
-    of the H_s / H_kv state heads of a KV head takes its own product, so neither operand is copied.
+    k_feat [B, H_s, K, F], v [B, H_kv, K, d], weight [B, K] (0/1), [B, H_s, K] (per head: decay
+    weights) or None (every key with weight 1), for a state per head of the key feature map (H_s =
+    H or H_kv). One product per state head with the augmented values [v_j, 1] gives both; phi_k
+    enters transposed, as a view, and each of the H_s / H_kv state heads of a KV head takes its own
+    product, so neither operand is copied.
     One key (K = 1, a sliding window's decode step) is an outer product, taken by broadcasting."""
     B, H, K, Fd = k_feat.shape
     Hkv, d = v.shape[1], v.shape[-1]
     kf = k_feat.float()
-    if weight.dim() == 3:
+    if weight is not None and weight.dim() == 3:
         kf = kf * weight[..., None].to(kf.dtype)
-    elif not bool(weight.all()):
+    elif weight is not None and not bool(weight.all()):
         kf = kf * weight[:, None, :, None].to(kf.dtype)
     kf = kf.view(B, Hkv, H // Hkv, K, Fd)
     if K == 1:  # S + phi_k(k)^T v: [B, H_kv, G, F, 1] times [B, H_kv, 1, 1, d], added in one pass
@@ -179,6 +180,8 @@ def decode_step_torch(
     padding token), key_features: (keys [B, H_kv, C, d], positions [B, C]) -> [B, H_s, C, F] (phi_k
     per state head, applied only to the keys folded into the state), scale: the score scale, decay:
     None or log gamma [H_s]."""
+    if aligned_step(state, rule, valid):
+        return decode_step_aligned(state, rule, q, k, v, q_feat, mix, key_features, scale, decay)
     kind, w = rule.kind, rule.window_size
     first, pos = token_position(state, valid)
     S, z = advance(state.S, state.z, decay, kind, w, pos - 1, pos)
@@ -198,6 +201,42 @@ def decode_step_torch(
     else:
         y = compiled_readout(q_feat, q, S, z, *all_valid(ring), mix, scale, *all_valid(sinks or ()))
     return y, dataclasses.replace(state.stepped(S, z, first), **sink_fields(sink))
+
+
+def aligned_step(state: HybridState, rule: WindowRule, valid: torch.Tensor) -> bool:
+    """Whether every row of this step stands at the same point of a full sliding window, so that
+    :func:`decode_step_aligned` can take it without per-row positions: each row real from its first
+    token (``first`` 0, so the token's position is ``seen`` in every row) and this token real in
+    every row, the ring's keys all valid, and the sink cache complete with all its keys below the
+    window. The flags are read on CPU only (:func:`all_set_on_cpu`); elsewhere the answer is False."""
+    if rule.kind != "sliding_window" or window_start(rule.kind, rule.window_size, state.seen) < state.sinks:
+        return False
+    return (all_set_on_cpu(valid) and all_set_on_cpu(state.win_valid) and not bool(state.first.any())
+            and (not state.sinks or sinks_complete(state)))
+
+
+def decode_step_aligned(
+    state: HybridState, rule: WindowRule, q, k, v, q_feat, mix, key_features: KeyFeatures, scale: float, decay=None,
+) -> tuple[torch.Tensor, HybridState]:
+    """:func:`decode_step_torch` for a step :func:`aligned_step` admits, with the same result. The
+    token is at position n = ``seen`` in every row, so the window moves by one for all rows: S, z
+    are carried by gamma^1; the key that leaves it is the one at position n - w, in slot n % w of
+    every row (a view of the ring), and enters S, z with age weight gamma^0 = 1 unless it is a sink
+    key; the new token takes its slot; every ring and sink key is read unmasked."""
+    n, w = state.seen, rule.window_size
+    slot = n % w
+    S, z = state.S, state.z
+    if decay is not None:  # the window moved by one position in every row
+        g = decay.float().exp()
+        S, z = S * g[:, None, None], z * g[:, None]
+    if n - w >= state.sinks:
+        cols = slice(slot, slot + 1)
+        S, z = fold_keys(S, z, key_features(state.win_k[:, :, cols], state.win_pos[:, cols]), state.win_v[:, :, cols], None)
+    writable(state)
+    write_slot(state, slot, k, v, n)
+    sinks = (state.sink_k, state.sink_v, None) if state.sinks else ()
+    y = compiled_readout(q_feat, q, S, z, state.win_k, state.win_v, None, mix, scale, *sinks)
+    return y, state.stepped(S, z, state.first)
 
 
 def sink_fields(sink) -> dict:
@@ -283,10 +322,11 @@ def readout(q_feat, q, S, z, win_k, win_v, win_valid, mix, scale: float, sink_k=
         c = scores[0].amax(-1, keepdim=True)
         for s in scores[1:]:
             c = torch.maximum(c, s.amax(-1, keepdim=True))
-        c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
+        if any(ok is not None for _, _, ok in parts):  # a row may have no key left: c is -inf there, its softmax part 0
+            c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
         c = c - torch.nn.functional.logsigmoid(mix.float()).view(1, Hkv, G, 1)  # exp(s - c) g = exp(s - (c - log g))
         for s, (_, values, _) in zip(scores, parts):
-            p = torch.exp(s - c)
+            p = (s - c).exp_()
             num = num + torch.matmul(p, values.float()).view(B, H, d)
             den = den + p.sum(-1).view(B, H)
     y = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)

@@ -47,12 +47,24 @@ def place_token(state, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, vali
                 fold: torch.Tensor) -> None:
     """Clear the leaving keys' validity and write the new token (k, v ``[B, H_kv, 1, d]``) into slot
     ``seen % K`` of the window cache, in place."""
-    if state.win_k.is_inference() and not torch.is_inference_mode_enabled():  # written under inference_mode
-        state.win_k, state.win_v = state.win_k.clone(), state.win_v.clone()
-        state.win_pos, state.win_valid = state.win_pos.clone(), state.win_valid.clone()
+    writable(state)
     slot = state.seen % state.win_k.shape[2]
     state.win_valid &= ~fold
+    write_slot(state, slot, k, v, pos)
+    state.win_valid[:, slot] = valid
+
+
+def writable(state) -> None:
+    """Give ``state`` a window cache of its own when the one it holds was written under
+    ``inference_mode`` and is about to be written outside it (an inference tensor is read-only there)."""
+    if state.win_k.is_inference() and not torch.is_inference_mode_enabled():
+        state.win_k, state.win_v = state.win_k.clone(), state.win_v.clone()
+        state.win_pos, state.win_valid = state.win_pos.clone(), state.win_valid.clone()
+
+
+def write_slot(state, slot: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor | int) -> None:
+    """Keys and values ``[B, H_kv, 1, d]`` at positions ``pos`` (``[B]`` or one for every row) into
+    ring slot ``slot``, in place; the slot's validity is the caller's."""
     state.win_k[:, :, slot] = k[:, :, 0]
     state.win_v[:, :, slot] = v[:, :, 0]
     state.win_pos[:, slot] = pos
-    state.win_valid[:, slot] = valid

@@ -53,3 +53,23 @@ def test_without_a_mask_prefill_and_decoding_match_the_masked_forward(norm):
     steps = [model(input_ids=ids[:, :21], past_key_values=cache, use_cache=True).logits]
     steps += [model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits for t in range(21, 60)]
     assert rel_err(torch.cat(steps, dim=1), full) < 1e-5
+
+
+@pytest.mark.parametrize("position_ids", [None, "shared", "per_row"])
+def test_key_offsets_without_a_mask_equal_those_of_a_mask_of_real_tokens(position_ids):
+    """The key offsets found without a mask (every new token real) equal those the masked formula
+    gives for a mask of ones: from a prompt's start and after a state whose rows started at token 0,
+    at token 3, or have no real token yet (``first`` -1), with position ids absent (the tokens'
+    indices), shared by the rows ([1, L]) or per row."""
+    from types import SimpleNamespace
+
+    layer = next(iter(core.lolcats_modules(converted("llama", "sliding_window", window=8, feature_positions="none")).values()))
+    B, L, seen = 3, 2, 5
+    ids = {None: None, "shared": torch.tensor([[seen, seen + 1]]), "per_row": torch.tensor([[9, 10], [7, 8], [5, 6]])}
+    for state in (None, SimpleNamespace(seen=seen, first=torch.tensor([0, 3, -1]), key_offset=torch.tensor([0, 3, 0]))):
+        pos = ids[position_ids]
+        if state is None and pos is not None:
+            pos = pos - seen  # a prompt's ids start near 0
+        fast = layer.key_offsets(None, state, pos, B, L, "cpu")
+        masked = layer.key_offsets(torch.ones(B, L, dtype=torch.bool), state, pos, B, L, "cpu")
+        assert fast.shape == (B,) and torch.equal(fast, masked), (state, position_ids)

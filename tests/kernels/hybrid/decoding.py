@@ -64,10 +64,11 @@ def sample_decay(H: int) -> torch.Tensor:
 
 
 def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9, T=13, sinks=0, decay=False,
-                own_keys=False, kv_maps=False) -> DecodeCase:
+                own_keys=False, kv_maps=False, padded=True) -> DecodeCase:
     """``own_keys``: phi_k reads :func:`feature_keys` of the keys and their positions, not the keys;
     ``kv_maps``: the key feature map (and so the state and the decay rates) per key/value head,
-    else per query head."""
+    else per query head; ``padded``: the rows of the module docstring, else every token of every
+    row real (the rows in step)."""
     Hs = Hkv if kv_maps else H  # the state's heads
     g = torch.Generator().manual_seed(42)
     torch.manual_seed(42)
@@ -82,15 +83,17 @@ def decode_case(kind, w, *, dtype=torch.float32, B=3, H=4, Hkv=2, d=16, f=8, P=9
     mix = torch.randn(H, generator=g).to(DEVICE)
     k, v = rand(B, Hkv, P, d), rand(B, Hkv, P, d)
     mask = torch.ones(B, P, dtype=torch.bool, device=DEVICE)
-    mask[1, :3] = False
-    mask[2:, :] = False
+    if padded:
+        mask[1, :3] = False
+        mask[2:, :] = False
     steps = []
     with torch.no_grad():
         for t in range(T):
             q_t, k_t, v_t = rand(B, H, 1, d), rand(B, Hkv, 1, d), rand(B, Hkv, 1, d)
             valid = torch.ones(B, dtype=torch.bool, device=DEVICE)
-            valid[2:] = t >= 2
-            valid[1] = t % 5 != 3
+            if padded:
+                valid[2:] = t >= 2
+                valid[1] = t % 5 != 3
             steps.append((q_t, k_t, v_t, fq(q_t), valid))
     return DecodeCase(kind, w, k, v, mask, steps, mix, key_features, d**-0.5, sinks, sample_decay(Hs) if decay else None)
 

@@ -4,6 +4,7 @@ and the state it reaches against a prefill of the whole sequence (rows: see deco
 import pytest
 import torch
 
+import kernels.hybrid.recurrent_torch as recurrent_torch
 from kernels.hybrid.naive import positions
 from kernels.hybrid.recurrent_torch import decode_step_torch, fold_keys, prefill_state
 from kernels.hybrid.window import KINDS, WindowRule, window_capacity
@@ -43,6 +44,41 @@ def test_decode_matches_naive_and_a_whole_prefill(kind, sinks, decay, own_keys, 
     for name in ("win_k", "win_v"):
         assert torch.equal(torch.where(cached, getattr(whole, name), 0), torch.where(cached, getattr(state, name), 0)), name
     assert_same_sinks(whole, state, sinks)
+
+
+@pytest.mark.parametrize("sinks, decay, own_keys, kv_maps", [(0, False, False, False), (3, False, False, False),
+                                                           (3, True, True, False), (3, True, True, True),
+                                                           (0, True, False, True)])
+@torch.no_grad()
+def test_rows_in_step_take_the_aligned_step_with_the_general_steps_result(sinks, decay, own_keys, kv_maps, monkeypatch):
+    """Sliding window, no padding: once the window is full and every sink below it, each step takes
+    :func:`decode_step_aligned`, whose outputs and state equal the general step's (run beside it on
+    a second state) and the naive reference's. The prompt (5 tokens, w = 4) leaves the first
+    aligned step for the decode, and the key leaving at the first one or two is a sink key."""
+    w, P, T = 4, 5, 12
+    case = decode_case("sliding_window", w, P=P, T=T, sinks=sinks, decay=decay, own_keys=own_keys, kv_maps=kv_maps,
+                       padded=False)
+    taken = []
+    aligned = recurrent_torch.decode_step_aligned
+    monkeypatch.setattr(recurrent_torch, "decode_step_aligned", lambda state, *a: taken.append(state.seen) or aligned(state, *a))
+    general = recurrent_torch.aligned_step
+    state, ref = case.prefill(), case.prefill()
+    ys = []
+    for t in range(T):
+        y, state = decode_step_torch(state, *case.step_args(t))
+        monkeypatch.setattr(recurrent_torch, "aligned_step", lambda *a: False)
+        y_ref, ref = decode_step_torch(ref, *case.step_args(t))
+        monkeypatch.setattr(recurrent_torch, "aligned_step", general)
+        assert_close(f"y step {t}", y_ref, y, 1e-6)
+        assert_close(f"S step {t}", ref.S, state.S, 1e-6)
+        assert_close(f"z step {t}", ref.z, state.z, 1e-6)
+        for name in ("win_k", "win_v", "win_pos", "win_valid", "first", "sink_k", "sink_v", "sink_valid"):
+            assert (getattr(ref, name) is getattr(state, name) is None) if name.startswith("sink") and not sinks \
+                else torch.equal(getattr(ref, name), getattr(state, name)), f"{name} step {t}"
+        assert ref.seen == state.seen
+        ys.append(y)
+    assert taken == list(range(max(P, w + sinks - 1), P + T))
+    assert_matches_naive(case, ys, 1e-5)
 
 
 def assert_same_sinks(whole, state, sinks: int) -> None:
