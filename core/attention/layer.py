@@ -369,10 +369,9 @@ class LolcatsAttention(nn.Module):
         outs = []
         decay, rule = self.log_decay(), self.rule
         for t in range(L):
-            token = (slice(None), slice(None), slice(t, t + 1)) if L > 1 else ...  # one token: the tensors as they are
             y, layer.state = dispatch.decode_step(
-                layer.state, rule, q[token], k[token], v[token], qf[token], self.mix, valid[:, t], key_features,
-                self.scaling, decay,
+                layer.state, rule, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], qf[:, :, t : t + 1],
+                self.mix, valid[:, t], key_features, self.scaling, decay,
             )
             outs.append(y)
         layer.state.key_offset = offset

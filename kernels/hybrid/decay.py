@@ -71,7 +71,12 @@ def advance(S: torch.Tensor, z: torch.Tensor, decay: torch.Tensor | None, kind: 
     if decay is None:
         return S, z
     steps = (window_start(kind, w, after) - window_start(kind, w, before)).clamp(min=0).float()
-    factor = torch.exp(decay.float()[None, :] * steps[:, None])  # [B, H]
+    return carry(S, z, torch.exp(decay.float()[None, :] * steps[:, None]))  # factor [B, H]
+
+
+def carry(S: torch.Tensor, z: torch.Tensor, factor: torch.Tensor):
+    """S ``[B, H, F, d]``, z ``[B, H, F]`` times the per-head factor gamma^steps, ``[B, H]`` (per row)
+    or ``[H]`` (every row carried alike)."""
     return S * factor[..., None, None], z * factor[..., None]
 
 

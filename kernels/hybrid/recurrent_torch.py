@@ -36,7 +36,7 @@ import torch
 
 from kernels.hybrid.chunk_torch import augment_values
 from kernels.hybrid.compiled import maybe_compile
-from kernels.hybrid.decay import advance, fold_ages
+from kernels.hybrid.decay import advance, carry, fold_ages
 from kernels.hybrid.heads import read_state
 from kernels.hybrid.ring import any_columns, leaving, leaving_columns, place_token, token_position, writable, write_slot
 from kernels.hybrid.window import WindowRule, window_start
@@ -227,8 +227,7 @@ def decode_step_aligned(
     slot = n % w
     S, z = state.S, state.z
     if decay is not None:  # the window moved by one position in every row
-        g = decay.float().exp()
-        S, z = S * g[:, None, None], z * g[:, None]
+        S, z = carry(S, z, decay.float().exp())
     if n - w >= state.sinks:
         cols = slice(slot, slot + 1)
         S, z = fold_keys(S, z, key_features(state.win_k[:, :, cols], state.win_pos[:, cols]), state.win_v[:, :, cols], None)
