@@ -193,13 +193,20 @@ class Stage2Spec(_Spec):
     rank: int = Field(8, ge=1)
     alpha: float = 16.0
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]  # []: no LoRA (train_feature_maps then)
     train_feature_maps: bool = False
     loss: Literal["xent", "kl"] = "xent"  # xent: answer-token cross-entropy (recipe); kl: distil from the teacher
     eval_every: int = Field(100, ge=1)
     eval_blocks: int = Field(8, ge=1)
 
     _lr = field_validator("lr")(lambda v: _finite_positive("stage2.lr", v))
+
+    @model_validator(mode="after")
+    def _something_trains(self):
+        if self.enabled and not self.target_modules and not self.train_feature_maps:
+            raise ValueError("stage2 trains nothing: name LoRA target_modules, set train_feature_maps true, "
+                             "or set enabled false")
+        return self
 
 
 class LongContextSpec(_Spec):

@@ -18,7 +18,7 @@ from core.config import Stage1Spec
 from core.attention.layer import teacher_attention
 from core.attention.surgery import decoder_layers, lolcats_modules
 from core.export.teacher import swap_in_teacher
-from core.train.lora import base_model
+from core.train.lora import adapters_off, base_model
 from core.progress import NullProgress, ProgressCallback
 from core.train.distill_attention import evaluate_layers
 
@@ -38,9 +38,8 @@ def teacher_context(model: nn.Module):
     before anything changes."""
     inner = base_model(model)
     restore_weights = swap_in_teacher(inner)
-    adapters = model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()
     try:
-        with teacher_attention(lolcats_modules(inner).values()), adapters:
+        with teacher_attention(lolcats_modules(inner).values()), adapters_off(model):
             yield model
     finally:
         restore_weights()

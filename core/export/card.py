@@ -146,7 +146,7 @@ def model_card(run_dir: Path, base: dict, spec: dict, folder_name: str) -> str:
              f"| softmax layers kept | {spec['softmax_layers'] or 'none'} |",
              f"| stage 1 (attention transfer) | {_stage(config.stage1)} |",
              f"| stage 2 (LoRA, merged) | {_stage(config.stage2)}, rank {config.stage2.rank}, "
-             f"targets {', '.join(config.stage2.target_modules)} |",
+             f"targets {', '.join(config.stage2.target_modules) or 'none (feature maps and history only)'} |",
              f"| data | {config.data.source} ({config.data.format}), seq_len {config.data.seq_len} |", ""]
     tokens = training_tokens(config)
     timings = report.get("timings", {})

@@ -1,7 +1,9 @@
 """Stage 2, LoRA: next-token cross-entropy through the converted model, prompt tokens masked, or
 distillation from the teacher.
 
-Feature maps and base weights are frozen; peft LoRA adapters on the target projections train.
+Base weights are frozen; peft LoRA adapters on the target projections train (with
+``train_feature_maps``, the feature maps, mixing factors and history parameters too; with no target,
+only those: :func:`core.train.lora.add_lora`).
 The student supplies every hidden state. ``stage2.loss``:
 
 * ``xent`` (the paper's): mean next-token cross-entropy on the supervised (answer) tokens;
@@ -26,7 +28,7 @@ from core.config import Stage2Spec
 from core.data import IGNORE_INDEX, supervised_mask
 from core.attention.layer import teacher_attention
 from core.attention.surgery import lolcats_modules
-from core.train.lora import add_lora, base_model
+from core.train.lora import adapters_off, add_lora, base_model
 from core.progress import ProgressCallback
 from core.train.loop import Batch, LoopSpec, load_best, run_loop
 from core.train.parallel import ONE_PROCESS, Parallel
@@ -61,8 +63,7 @@ def kl_and_logits(model: nn.Module, batch: Batch, forward: nn.Module | None = No
     """Mean over real tokens of KL(p_teacher || p_student) at every position (see the module
     docstring), and the student's logits; ``forward`` (default ``model``) computes the student,
     e.g. a data-parallel wrapper of ``model``."""
-    inner = base_model(model)
-    with torch.no_grad(), teacher_attention(lolcats_modules(inner).values()), model.disable_adapter():
+    with torch.no_grad(), adapters_off(model), teacher_attention(lolcats_modules(base_model(model)).values()):
         teacher = F.log_softmax(_logits(model, batch).float(), dim=-1)
     logits = _logits(forward or model, batch)
     kl = token_kl(teacher, F.log_softmax(logits.float(), dim=-1))  # [B, L]

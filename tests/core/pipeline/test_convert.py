@@ -10,12 +10,14 @@ from core.config import ConfigError, build_config, preset
 from core.data import DataError
 from core.models import ModelLoadError
 from core.pipeline.convert import run_convert
+from core.export.card import CARD_FILE
 from core.export.folder import export
 from core.load import is_lolcats_tensor, load_converted
 from core.progress import RecordingProgress, StopRequested
 from core.train.checkpoint import CheckpointError, load_checkpoint
 from core.train.loop import OutOfMemory
 from core.train.lora import LoraTargetError
+from core.eval.metrics import teacher_context
 from tests.tiny_runs import convert_tiny
 
 
@@ -179,6 +181,7 @@ def test_out_of_memory_is_reported_with_a_hint(workspace, tmp_path, monkeypatch)
         ({"stage2": {"rank": 0}}, "stage2.rank"),
         ({"attention": {"window_size": 0}}, "window_size must be an integer >= 1"),
         ({"stage1": {"learning_rate": 1}}, "stage1.learning_rate: Extra inputs are not permitted"),
+        ({"stage2": {"target_modules": []}}, "stage2 trains nothing"),
     ],
 )
 def test_config_errors_name_the_field(data, message):
@@ -211,3 +214,25 @@ def test_stage2_trains_mlp_adapters_and_feature_maps_and_keeps_them(workspace, t
     assert set(exported_maps) == set(loaded) and all(torch.equal(v, loaded[k]) for k, v in exported_maps.items())
     ref, got = logits_of(model, IDS), logits_of(merged, IDS)
     assert ((got - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_stage2_without_lora_trains_the_history_and_leaves_the_window_as_the_teacher_has_it(workspace, tmp_path):
+    """Stage 2 with no LoRA target trains only what conversion added: the model is not wrapped, its
+    checkpoint holds only conversion tensors, the maps move, and a query whose keys all sit in its
+    sliding window (the first 16 positions) computes exactly the teacher's logits, later ones not."""
+    out, _ = convert_tiny(workspace, "stage2-history", attention={"kind": "sliding_window"},
+                          stage2={"loss": "kl", "train_feature_maps": True, "target_modules": [], "lr": 1e-2})
+    stage2 = load_checkpoint(out / "stage2" / "best")[0]
+    assert stage2 and all(is_lolcats_tensor(k) and "lora" not in k for k in stage2)
+    after_stage1 = _maps(load_checkpoint(out / "stage1" / "best")[0].items())
+    model, _, _ = load_converted(out, device="cpu", workspace=workspace)
+    assert not hasattr(model, "disable_adapter")
+    loaded = _maps(model.named_parameters())
+    assert any(not torch.equal(loaded[k], after_stage1[k]) for k in loaded), "stage 2 trained nothing"
+    student = logits_of(model, IDS)
+    with teacher_context(model):
+        teacher = logits_of(model, IDS)
+    torch.testing.assert_close(student[:, :16], teacher[:, :16], rtol=1e-5, atol=1e-5)
+    assert (student[:, 16:] - teacher[:, 16:]).abs().max() > 1e-3
+    card = (export(out, tmp_path / "export", workspace=workspace) / CARD_FILE).read_text()
+    assert "targets none (feature maps and history only)" in card
