@@ -20,7 +20,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # ahead of benchmarks/, whose kernels.py would shadow the kernels package
 
-from benchmarks import frontier, long_context
+from benchmarks import frontier, long_context, many_sequences
 from core.pipeline import budget_table
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -69,6 +69,7 @@ RENDERED: dict[str, tuple[str, Callable[[dict], str]]] = {
         "measured after every budget had trained, nothing else running.", budget_table.markdown_table),
     "long-context-cpu.md": ("long-context-cpu.json", long_context.render),
     "frontier-cpu.md": ("frontier-cpu.json", frontier.render),
+    "many-sequences-cpu.md": ("many-sequences-cpu.json", many_sequences.render),
 }
 
 
