@@ -17,7 +17,6 @@ command and long-context section, and many-sequences-cpu.md is rendered from it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -29,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # ahead of benchmarks/, whose kernels.py would shadow the kernels package
 
 from benchmarks.frontier import text_files  # noqa: E402
+from benchmarks.run_or_render import run_or_render  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 JSON_OUT = RESULTS / "many-sequences-cpu.json"
@@ -102,18 +102,7 @@ def render(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", help="the finished run folder to measure")
-    parser.add_argument("--workspace", default=os.environ.get("LOLCATS_WORKSPACE", "workspace"))
-    parser.add_argument("--render", action="store_true", help="rewrite the Markdown table from the JSON")
-    args = parser.parse_args(argv)
-    if args.run:
-        JSON_OUT.write_text(json.dumps(measure(args.run, args.workspace), indent=1) + "\n")
-    elif not args.render:
-        parser.error("nothing to do: give --run or --render")
-    MD_OUT.write_text(render(json.loads(JSON_OUT.read_text())))
-    print(MD_OUT.read_text())
-    return 0
+    return run_or_render(__doc__, measure, render, JSON_OUT, MD_OUT, argv)
 
 
 if __name__ == "__main__":

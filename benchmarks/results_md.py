@@ -20,7 +20,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # ahead of benchmarks/, whose kernels.py would shadow the kernels package
 
-from benchmarks import frontier, long_context, many_sequences
+from benchmarks import frontier, history_worth, long_context, many_sequences
 from core.pipeline import budget_table
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -70,6 +70,7 @@ RENDERED: dict[str, tuple[str, Callable[[dict], str]]] = {
     "long-context-cpu.md": ("long-context-cpu.json", long_context.render),
     "frontier-cpu.md": ("frontier-cpu.json", frontier.render),
     "many-sequences-cpu.md": ("many-sequences-cpu.json", many_sequences.render),
+    "history-worth-cpu.md": ("history-worth-cpu.json", history_worth.render),
 }
 
 

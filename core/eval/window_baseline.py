@@ -71,10 +71,11 @@ class WindowSoftmaxAttention(nn.Module):
 
 
 @contextlib.contextmanager
-def window_softmax(model: nn.Module, baseline: WindowBaseline):
+def window_softmax(model: nn.Module, baseline: WindowBaseline, trained: bool = False):
     """Inside the block ``model`` is the teacher with every converted layer's attention restricted
-    to ``baseline``'s window and sinks (LoRA disabled, an export's teacher weights swapped in)."""
-    with teacher_context(model):
+    to ``baseline``'s window and sinks (LoRA disabled, an export's teacher weights swapped in); with
+    ``trained``, the model's own weights, LoRA on: the student with its window and no history."""
+    with contextlib.nullcontext() if trained else teacher_context(model):
         layers = decoder_layers(base_model(model))
         converted = lolcats_modules(base_model(model))
         for i, attn in converted.items():

@@ -15,6 +15,7 @@ from core.eval.long_context import (FILLER, NOISE_BLOCK, QUESTION, auto_lengths,
                                     long_context_report, paired_margin, passkey_hit, passkey_item, passkey_prompt,
                                     resolve_lengths, summarise)
 from core.eval.long_context_result import FRONTIER, LongContextResult, passkey_accuracy
+from core.attention.layer import teacher_attention
 from core.eval.metrics import teacher_context
 from core.eval.window_baseline import WindowBaseline, baselines, state_bytes, window_softmax
 from tests.core.attention.test_surgery import converted, left_padded_batch, positions, rel_err
@@ -71,6 +72,23 @@ def test_a_window_covering_the_input_is_the_teacher_and_padding_is_honoured():
     assert rel_err(covering[real], teacher[real]) < 1e-5
     assert rel_err(covering[1, -31:], alone[0]) < 1e-5  # a padded row equals the row alone
     assert rel_err(short[real], teacher[real]) > 1e-3
+
+
+@torch.no_grad()
+def test_a_trained_window_keeps_the_students_lora(tiny_run, workspace):
+    """``trained``: the window over the student's own weights, LoRA on; a window covering the input is
+    then the model's full softmax with its adapters, not the teacher."""
+    model = core.load_converted(tiny_run, device="cpu", workspace=workspace)[0]
+    ids = torch.randint(5, 1000, (2, 40), generator=torch.Generator().manual_seed(2))
+    covering = WindowBaseline("window", "sliding_window", 64, 0)
+    with teacher_attention(core.lolcats_modules(model.get_base_model()).values()):
+        softmax_with_lora = model(input_ids=ids, use_cache=False).logits
+    with window_softmax(model, covering, trained=True):
+        trained = model(input_ids=ids, use_cache=False).logits
+    with window_softmax(model, covering):
+        untrained = model(input_ids=ids, use_cache=False).logits
+    assert rel_err(trained, softmax_with_lora) < 1e-5
+    assert rel_err(trained, untrained) > 1e-4
 
 
 @pytest.mark.parametrize("feature_positions", ["none", "rotary"])
