@@ -15,7 +15,6 @@ window alone.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # ahead of benchmarks/, whose kernels.py would shadow the kernels package
 
-from benchmarks.frontier import LENGTHS, LONGEST, _scores, text_files  # noqa: E402
+from benchmarks.frontier import LENGTHS, LONGEST, _ratios, _scores, text_files  # noqa: E402
 from benchmarks.many_sequences import MEASUREMENTS  # noqa: E402
 from benchmarks.run_or_render import run_or_render  # noqa: E402
 
@@ -32,21 +31,17 @@ JSON_OUT = RESULTS / "history-worth-cpu.json"
 MD_OUT = RESULTS / "history-worth-cpu.md"
 
 
-def _ratios(nll, teacher) -> list[float]:
-    return [math.exp(float(nll[:, : n - 1].mean() - teacher[:, : n - 1].mean())) for n in LENGTHS]
-
-
 def measure(run: str, workspace: str) -> dict:
     import torch
 
     from core.eval.long_context import held_out_sequences, paired_margin
     from core.eval.metrics import teacher_context
-    from core.eval.window_baseline import WindowBaseline, window_softmax
+    from core.eval.window_baseline import baselines, window_softmax
     from core.load import load_converted
 
     model, tokenizer, _ = load_converted(run, device="cpu", workspace=workspace)
     attention = json.loads((Path(run) / "config.json").read_text())["attention"]
-    own = WindowBaseline("trained_window", attention["kind"], attention["window_size"], attention["sink_tokens"])
+    own = baselines(model)[0][0]  # the student's own window and sinks
     counts = {text: count for text, lengths, count, _ in MEASUREMENTS.values() if lengths.endswith(str(LONGEST))}
     out = {"run_attention": attention, "threads": torch.get_num_threads(), "texts": {}}
     for text, count in counts.items():
