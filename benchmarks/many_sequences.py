@@ -7,12 +7,13 @@ bundled KJV sample, 7 of prose, 7 of code: the three texts of benchmarks/frontie
 own window and the memory-matched window, and, for 256 and 512 tokens, 48 sequences of 512 tokens
 of the bundled text. The verdicts are the report's (paired margin, core.eval.long_context).
 
-    .venv/bin/python benchmarks/many_sequences.py --run RUN [--workspace WS]   # measure what is missing
-    .venv/bin/python benchmarks/many_sequences.py --render                      # the table, from the JSON
+    .venv/bin/python benchmarks/many_sequences.py --run RUN [--workspace WS] [--label NAME]   # measure what is missing
+    .venv/bin/python benchmarks/many_sequences.py --render                                     # the table, from the JSON
 
-Each measurement's ``lolcats eval`` output is kept in tmp/many-sequences/<name>.json (a measurement
-already there is read, not run again); benchmarks/results/many-sequences-cpu.json holds each one's
-command and long-context section, and many-sequences-cpu.md is rendered from it.
+Each measurement's ``lolcats eval`` output is kept in tmp/many-sequences/<label>/<name>.json (a
+measurement already there is read, not run again); benchmarks/results/many-sequences-cpu.json holds,
+for each run's label (default ``cpu-demo``: the preset's conversion), each measurement's command and
+long-context section, and many-sequences-cpu.md is rendered from it.
 """
 
 from __future__ import annotations
@@ -48,22 +49,23 @@ MEASUREMENTS: dict[str, tuple[str, str, int, list[str]]] = {
 _LONG = ["eval.long_context.frontier_windows=[]", "eval.long_context.time_budget_s=100000"]
 
 
-def arguments(name: str, run: str, workspace: str) -> list[str]:
+def arguments(name: str, run: str, workspace: str, outputs: Path) -> list[str]:
     text, lengths, sequences, sets = MEASUREMENTS[name]
     if lengths == ALL_LENGTHS:
         sets = [*sets, *_LONG]
     if text != "bundled":
         sets = [f"data.eval_text={text_files()[text]}", *sets]
     return ["lolcats", "eval", run, "--lengths", lengths, "--sequences", str(sequences), "--passkey-trials", "0",
-            *(a for s in sets for a in ("--set", s)), "-o", str(OUTPUTS / f"{name}.json"), "-w", workspace]
+            *(a for s in sets for a in ("--set", s)), "-o", str(outputs / f"{name}.json"), "-w", workspace]
 
 
-def measure(run: str, workspace: str) -> dict:
-    OUTPUTS.mkdir(parents=True, exist_ok=True)
+def measure(run: str, workspace: str, label: str) -> dict:
+    outputs = OUTPUTS / label
+    outputs.mkdir(parents=True, exist_ok=True)
     results = {}
     for name, (text, *_rest) in MEASUREMENTS.items():
-        args = arguments(name, run, workspace)
-        out = OUTPUTS / f"{name}.json"
+        args = arguments(name, run, workspace, outputs)
+        out = outputs / f"{name}.json"
         if not out.is_file():
             print("running", shlex.join(args), flush=True)
             subprocess.run([str(ROOT / ".venv" / "bin" / args[0]), *args[1:]], check=True)
@@ -73,18 +75,19 @@ def measure(run: str, workspace: str) -> dict:
     return results
 
 
-def render(results: dict) -> str:
-    out = ["# The cpu-demo conversion's verdicts on many held-out sequences", "",
+def render(runs: dict) -> str:
+    out = ["# Conversions' verdicts on many held-out sequences", "",
            "Source: `many-sequences-cpu.json`, rendered by `benchmarks/many_sequences.py --render`. Ratio = perplexity",
            "over the teacher's; `window` is the teacher's softmax over the student's own window and sinks, `memory`",
            "over the window whose key/value bytes equal the student's state, both untrained. `diff` is the student's",
            "mean per-token log-perplexity minus the baseline's (nats, negative: the student is better), `margin`",
-           "twice its paired standard error; the verdict is level within the margin.", ""]
-    for name, item in results.items():
+           "twice its paired standard error; the verdict is level within the margin. `cpu-demo` is the",
+           "preset's conversion; another label, a variant of it.", ""]
+    for label, name, item in ((label, name, item) for label, results in runs.items() for name, item in results.items()):
         lc = item["long_context"]
         verdicts = {(v["against"], v["length"]): v for v in lc["verdicts"]}
         seconds = lc.get("seconds")
-        out += [f"## {name}: {lc['text']}, {lc['sequences']} sequences of {lc['lengths'][-1]} tokens", "",
+        out += [f"## {label}, {name}: {lc['text']}, {lc['sequences']} sequences of {lc['lengths'][-1]} tokens", "",
                 f"`{item['command']}`" + (f" ({seconds:.0f} s)" if seconds else ""), "",
                 f"State {lc['state_bytes_per_layer']:,} bytes per layer; window = "
                 f"{lc['baselines']['window']['label']}, memory = {lc['baselines']['memory_matched']['label']}.", "",
@@ -102,7 +105,7 @@ def render(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_or_render(__doc__, measure, render, JSON_OUT, MD_OUT, argv)
+    return run_or_render(__doc__, measure, render, JSON_OUT, MD_OUT, argv, labelled=True)
 
 
 if __name__ == "__main__":

@@ -136,8 +136,10 @@ def _load_base_architecture(path: Path) -> tuple[nn.Module, object]:
 
 
 def is_lolcats_tensor(name: str) -> bool:
-    """Feature-map weights, mixing factors, history exponents and decay rates: the tensors conversion adds to a layer."""
-    return ".feature_map_" in name or name.endswith((".mix", ".history_power", ".history_decay"))
+    """Feature-map weights, mixing factors, history exponents, decay rates and history gates: the
+    tensors conversion adds to a layer."""
+    return (".feature_map_" in name or ".history_gate." in name
+            or name.endswith((".mix", ".history_power", ".history_decay")))
 
 
 def _load_export(path: Path, device: str, workspace) -> tuple[nn.Module, object, dict]:

@@ -51,6 +51,11 @@ key/value head, shared by its G query heads, whose own phi_q read one S, z per k
 times fewer state bytes (``kernels.hybrid.heads``). A decay then decays that shared state, so its
 rates come per key/value head too.
 
+How much of the history each query reads (``history_gate``, a deviation from the paper with
+``"query"``): a factor g_h(q_n) of phi_q(q_n) learned from the query itself (:mod:`core.attention.gate`),
+so a query can turn the history down where its window holds the answer; like r_h(n) it multiplies
+phi_q before the op and adds nothing to the decode state.
+
 Modes (``module.mode``, read-only):
   * ``"student"``: LoLCATs attention (the converted model), everywhere outside a teacher block;
   * ``"teacher"``: inside ``with teacher_attention(modules):``, in that thread (context) only, the
@@ -81,6 +86,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager
 from core.attention.cache import hybrid_cache_layer
 from core.attention.feature_maps import build_feature_map
 from core.attention.functional import hybrid_attention
+from core.attention.gate import build_history_gate
 from core.attention.history import build_history
 from core.attention.rotary import Rotary, unrotate
 from kernels import dispatch
@@ -173,6 +179,7 @@ class LolcatsAttention(nn.Module):
         init_history_decay: float,
         feature_positions: str,
         key_map_heads: str,
+        history_gate: str,
     ):
         super().__init__()
         for name in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
@@ -203,6 +210,7 @@ class LolcatsAttention(nn.Module):
         self.feature_positions = feature_positions
         if self.history.parameter:  # history_power or history_decay, named as checkpoints name them
             setattr(self, self.history.parameter, self.history.make_parameter(num_heads, self.state_heads, device))
+        self.history_gate = build_history_gate(history_gate, num_heads, self.head_dim, device)  # None: ungated
         self.padding = padding
         self.rotary: Rotary | None = None  # the decoder's rotary embedding for this layer (set by surgery)
 
@@ -224,14 +232,17 @@ class LolcatsAttention(nn.Module):
     def extra_repr(self) -> str:
         sinks = f", sink_tokens={self.sink_tokens}" if self.sink_tokens else ""
         norm = f", history_norm={self.history_norm}" if self.history_norm != "none" else ""
-        return (f"kind={self.kind}, window_size={self.window_size}{sinks}{norm}, "
+        gate = ", history_gate=query" if self.history_gate is not None else ""
+        return (f"kind={self.kind}, window_size={self.window_size}{sinks}{norm}{gate}, "
                 f"heads={self.num_heads}/{self.num_kv_heads}, key_map_heads={self.key_map_heads}")
 
     def trained_parameters(self) -> list[nn.Parameter]:
-        """What conversion adds to the layer and trains: feature maps, mixing factors and the
-        history exponents (``history_norm="power"``) or decay rates (``"decay"``)."""
+        """What conversion adds to the layer and trains: feature maps, mixing factors, the
+        history exponents (``history_norm="power"``) or decay rates (``"decay"``) and the history
+        gate (``history_gate="query"``)."""
+        gate = [] if self.history_gate is None else list(self.history_gate.parameters())
         return [*self.feature_map_q.parameters(), *self.feature_map_k.parameters(), self.mix,
-                *self.history.parameters(self)]
+                *self.history.parameters(self), *gate]
 
     def log_decay(self) -> torch.Tensor | None:
         """log gamma_h ``[H_s]`` of the decaying history, one per state head (None unless
@@ -266,9 +277,12 @@ class LolcatsAttention(nn.Module):
         return self.feature_map_k(repeat_kv(k, self.state_heads // self.num_kv_heads))
 
     def query_features(self, q, mask: torch.Tensor | None = None, state: HybridState | None = None):
-        """r_h(n) phi_q(q_n): [B, H, L, F], the queries at the positions :func:`query_positions`
-        gives for ``mask`` and ``state`` (r = 1 unless ``history_norm`` is ``"power"``)."""
+        """r_h(n) g_h(q_n) phi_q(q_n): [B, H, L, F], the queries at the positions :func:`query_positions`
+        gives for ``mask`` and ``state`` (r = 1 unless ``history_norm`` is ``"power"``, g the history
+        gate, :mod:`core.attention.gate`, 1 without one)."""
         qf = self.feature_map_q(q)
+        if self.history_gate is not None:
+            qf = qf * self.history_gate(q)
         if not self.history.scales_queries:
             return qf
         pos = query_positions(mask, state, q.shape[0], q.shape[2], q.device)

@@ -102,6 +102,9 @@ class AttentionSpec(_Spec):
     # where the key feature map lives: "query", one per query head (the paper's: the decode state keeps S, z per
     # query head), or "kv", one per key/value head shared by its query heads (S, z per key/value head: G times fewer bytes)
     key_map_heads: Literal["query", "kv"] = "query"
+    # how much of the history each query reads: "none", the head's mixing factor alone (the paper's), or
+    # "query", a factor 2 sigmoid(u_h . q / sqrt(d) + b_h) of the query's features learned per head (1 at the start)
+    history_gate: Literal["none", "query"] = "none"
     feature_init: Literal[FEATURE_INITS] = "identity"  # identity | random
 
     @field_validator(*_NAMED_CHOICES, mode="before")
@@ -156,11 +159,13 @@ class AttentionSpec(_Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_history_norm_without_a_window(cls, data):
+    def _no_query_scale_without_a_window(cls, data):
         """Linear attention has no window to weigh its history against: a per-query scale cancels in
-        y = phi^T S / phi^T z, so its history_norm power is stored as none (a decay does not cancel)."""
-        if isinstance(data, dict) and data.get("kind") == "linear" and data.get("history_norm") == "power":
-            data = {**data, "history_norm": "none"}
+        y = phi^T S / phi^T z, so its history_norm power and history_gate query are stored as none
+        (a decay does not cancel)."""
+        if isinstance(data, dict) and data.get("kind") == "linear":
+            cancelled = {"history_norm": "power", "history_gate": "query"}
+            data = {**data, **{name: "none" for name, value in cancelled.items() if data.get(name) == value}}
         return data
 
 
@@ -289,7 +294,8 @@ class ConvertConfig(_Spec):
 # config without one reads as it was trained, not as today's default.
 # The layer's arguments that are such fields (core.attention.surgery reads an export's spec through it).
 PREDATING = {"attention": {"history_norm": "none", "init_history_power": 0.5, "init_history_decay": 0.995,
-                           "feature_positions": "rotary", "key_map_heads": "query"}}
+                           "feature_positions": "rotary", "key_map_heads": "query",
+                           "history_gate": "none"}}
 
 
 # Fields renamed since configs, runs and jobs were first written: former dotted path -> current one.

@@ -29,9 +29,10 @@ OPTIONS = {  # every attention option an export carries, over three Llama export
                                               "softmax_layers": [0]},
     "linear-hedgehog-paper": {"kind": "linear", "history_norm": "none", "feature_positions": "rotary"},
     # the cpu-demo recipe's options, every layer converted: a sliding window of 14 keys with 4 sinks
-    # (18 flag bytes: the page is padded to a multiple of 8 bytes) and key feature maps per KV head
-    "sliding-hedgehog-sinks-kv-maps": {"kind": "sliding_window", "window_size": 14, "sink_tokens": 4,
-                                       "key_map_heads": "kv"},
+    # (18 flag bytes: the page is padded to a multiple of 8 bytes) and key feature maps per KV head,
+    # with the history gate
+    "sliding-hedgehog-sinks-kv-maps-gate": {"kind": "sliding_window", "window_size": 14, "sink_tokens": 4,
+                                            "key_map_heads": "kv", "history_gate": "query"},
     # a Gemma 3 export (conftest.MODEL_CONFIG; the others are Llama's): its local and global layers
     # converted, each rotating with its own RoPE base, its last local layer vLLM's softmax over 24 keys
     "gemma3-local-global-hybrid": {"model_type": "gemma3_text", "softmax_layers": [2]},

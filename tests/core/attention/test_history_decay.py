@@ -35,15 +35,21 @@ def written_out(q, k, v, qf, kf, mix, gamma, kind, w, sinks, mask, scale):
     return (a / a.sum(-1, keepdim=True).clamp(min=1e-300)) @ v
 
 
+def layer_prefill(model):
+    """The first converted layer of ``model``, random inputs q, k, v and mask, its prefill output y,
+    and the features phi_q(q), phi_k(k) (per query head) the oracle reads: the maps read q, k as
+    given, as with feature_positions rotary."""
+    attn = core.lolcats_modules(model)[0]
+    q, k, v, mask = layer_inputs(attn)
+    y, _ = attn.prefill(q, k, v, mask, False, q, k)
+    kf = attn.feature_map_k(k.repeat_interleave(attn.num_heads // attn.num_kv_heads, dim=1))
+    return attn, (q, k, v, mask), y, attn.feature_map_q(q), kf
+
+
 @pytest.mark.parametrize("kind, sinks", [("sliding_window", 0), ("sliding_window", 3), ("terraced", 0), ("terraced", 4)])
 @torch.no_grad()
 def test_layer_prefill_equals_the_weights_written_out(kind, sinks):
-    model = converted("llama", kind, window=8, sinks=sinks, history_norm="decay")
-    attn = core.lolcats_modules(model)[0]
-    q, k, v, mask = layer_inputs(attn)
-    H, Hkv = attn.num_heads, attn.num_kv_heads
-    y, _ = attn.prefill(q, k, v, mask, False, q, k)  # the feature maps read the rotated q, k (feature_positions rotary)
-    qf, kf = attn.feature_map_q(q), attn.feature_map_k(k.repeat_interleave(H // Hkv, dim=1))
+    attn, (q, k, v, mask), y, qf, kf = layer_prefill(converted("llama", kind, window=8, sinks=sinks, history_norm="decay"))
     gamma = torch.sigmoid(attn.history_decay)
     want = written_out(q, k, v, qf, kf, attn.mix, gamma, kind, 8, sinks, mask, attn.scaling)
     real = mask[:, None, :, None].expand_as(y)

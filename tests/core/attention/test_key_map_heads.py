@@ -30,10 +30,11 @@ def decode(model, ids, mask, prefix: int, chunks=()):
     return torch.cat(out, dim=1), cache
 
 
+@pytest.mark.parametrize("history_gate", ["none", "query"])  # the gate: tests/core/attention/test_history_gate.py
 @pytest.mark.parametrize("kind", ["sliding_window", "terraced"])
 @torch.no_grad()
-def test_decoding_4096_tokens_equals_the_parallel_forward(kind):
-    model = converted("llama", kind, window=16, sinks=4, key_map_heads="kv")
+def test_decoding_4096_tokens_equals_the_parallel_forward(kind, history_gate):
+    model = converted("llama", kind, window=16, sinks=4, key_map_heads="kv", history_gate=history_gate)
     ids, mask = left_padded_batch([4096, 4001], 4096)
     full = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
     stepped, cache = decode(model, ids, mask, prefix=3500)

@@ -30,12 +30,13 @@ def positions(mask):
 
 
 def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=0, sinks=0, history_norm="decay",
-              feature_positions="none", key_map_heads="query"):
+              feature_positions="none", key_map_heads="query", history_gate="none"):
     """A tiny converted model; ``history_norm`` and ``feature_positions`` default to the library's."""
     model = tiny_model(arch, seed=seed)
     cfg = core.AttentionSpec(
         kind=kind, window_size=window, feature_dim=8, softmax_layers=list(softmax_layers), feature_init="random",
         sink_tokens=sinks, history_norm=history_norm, feature_positions=feature_positions, key_map_heads=key_map_heads,
+        history_gate=history_gate,
     )
     torch.manual_seed(seed + 1)
     model = core.linearize(model, cfg)
@@ -46,6 +47,9 @@ def converted(arch="llama", kind="terraced", window=16, softmax_layers=(), seed=
                 m.history_power.copy_(torch.randn_like(m.history_power))
             if history_norm == "decay":  # gamma from about 0.7 to 0.95: the decay shows within a short test
                 m.history_decay.copy_(torch.randn_like(m.history_decay) + 2)
+            if history_gate == "query":  # gates from about 0.1 to 1.9 across queries
+                m.history_gate.weight.copy_(torch.randn_like(m.history_gate.weight) * 2)
+                m.history_gate.bias.copy_(torch.randn_like(m.history_gate.bias))
     return model
 
 

@@ -90,10 +90,12 @@ def gemma_exported(export_workspace):
     Gemma3ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     run = export_workspace / "runs" / "tiny-gemma3"
-    # with sink tokens, the power history normalisation and key maps per key/value head (a state per
-    # key/value head, window keys rotated back per layer type), so the carried code is checked on them too
+    # with sink tokens, the power history normalisation, key maps per key/value head (a state per
+    # key/value head, window keys rotated back per layer type) and the history gate, so the carried
+    # code is checked on them too
     config = preset("tiny-test", model={"source": str(folder)},
-                    attention={"sink_tokens": 2, "history_norm": "power", "key_map_heads": "kv"})
+                    attention={"sink_tokens": 2, "history_norm": "power", "key_map_heads": "kv",
+                               "history_gate": "query"})
     report = run_convert(config, run, workspace=export_workspace)
     return run, report, export(run, export_workspace / "export-gemma3", workspace=export_workspace)
 
