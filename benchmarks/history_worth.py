@@ -6,7 +6,9 @@ converted layer of the same run computes its own window and sinks alone, with th
 (``core.eval.window_baseline.window_softmax(..., trained=True)``: no history, LoRA on), on the
 sequences many_sequences.py scores (every 4096-token sequence of the bundled KJV sample, prose and
 code of benchmarks/frontier.py). If the history is worth its state, the student is below its
-window alone.
+window alone. Between the two, the same run reads its history at a fraction s of its weight
+(:data:`SCALES`: every converted layer's history term, numerator and denominator, times s, through a
+constant history gate, ``core.attention.gate``): how much history each text wants.
 
     .venv/bin/python benchmarks/history_worth.py --run RUN [--workspace WS]   # measure, write JSON and table
     .venv/bin/python benchmarks/history_worth.py --render                      # the table, from the JSON
@@ -14,7 +16,9 @@ window alone.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -26,9 +30,30 @@ from benchmarks.frontier import LENGTHS, LONGEST, _ratios, _scores, text_files  
 from benchmarks.many_sequences import MEASUREMENTS  # noqa: E402
 from benchmarks.run_or_render import run_or_render  # noqa: E402
 
+SCALES = (0.5, 0.25)  # fractions of the history's weight, between the student (1) and its window alone (0)
 RESULTS = ROOT / "benchmarks" / "results"
 JSON_OUT = RESULTS / "history-worth-cpu.json"
 MD_OUT = RESULTS / "history-worth-cpu.md"
+
+
+@contextlib.contextmanager
+def scaled_history(model, s: float):
+    """Inside the block, every converted layer of ``model`` reads its history term times ``s`` (0 < s < 2):
+    a history gate 2 sigmoid(b) with no weight on the query and b = logit(s / 2), in place of the layer's own."""
+    from core.attention.gate import QueryGate
+    from core.attention.surgery import lolcats_modules
+
+    layers = lolcats_modules(model).values()
+    held = [layer.history_gate for layer in layers]
+    try:
+        for layer in layers:
+            gate = QueryGate(layer.num_heads, layer.head_dim, layer.mix.device)
+            gate.bias.data.fill_(math.log(s / (2 - s)))
+            layer.history_gate = gate
+        yield
+    finally:
+        for layer, gate in zip(layers, held):
+            layer.history_gate = gate
 
 
 def measure(run: str, workspace: str) -> dict:
@@ -52,9 +77,14 @@ def measure(run: str, workspace: str) -> dict:
         student = _scores(model, seqs)
         with window_softmax(model, own, trained=True):
             window = _scores(model, seqs)
+        scaled = {}
+        for s in SCALES:
+            with scaled_history(model, s):
+                scaled[str(s)] = _ratios(_scores(model, seqs), teacher)
         diff = student - window
         out["texts"][text] = {
             "sequences": count, "student": _ratios(student, teacher), "trained_window": _ratios(window, teacher),
+            "scaled_history": scaled,
             "log_diff": [float(diff[:, : n - 1].mean()) for n in LENGTHS],
             "margin": [paired_margin(diff, n) for n in LENGTHS], "seconds": time.perf_counter() - started}
         print(text, out["texts"][text], flush=True)
@@ -77,6 +107,13 @@ def render(result: dict) -> str:
         cells = [f"{s:.3f} / {w:.3f}, {d:+.4f} / {m:.4f}"
                  for s, w, d, m in zip(t["student"], t["trained_window"], t["log_diff"], t["margin"])]
         out.append(f"| {text} | {t['sequences']} | " + " | ".join(cells) + " |")
+    out += ["", "## The history at a fraction of its weight", "",
+            "Source: `history-worth-cpu.json`. The same run with every converted layer's history term (numerator and",
+            "denominator) times s: s = 1 is the student, s = 0 its window alone. Ratio at each length.", "",
+            "| text | s | " + " | ".join(str(n) for n in LENGTHS) + " |", "|---|---:|" + "---:|" * len(LENGTHS)]
+    for text, t in result["texts"].items():
+        rows = [("1", t["student"]), *t["scaled_history"].items(), ("0", t["trained_window"])]
+        out += [f"| {text} | {s} | " + " | ".join(f"{r:.3f}" for r in ratios) + " |" for s, ratios in rows]
     return "\n".join(out) + "\n"
 
 
