@@ -14,7 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
-from core.config import ConvertConfig, stored_config
+from core.config import PREDATING, ConvertConfig, stored_config
 from core.config.constants import BUNDLED_MODEL, GEMMA3_MODEL, TINY_MODEL
 from core.eval.long_context_result import LongContextResult, passkey_accuracy, read_long_context
 from core.models.sources import resolve_source
@@ -119,6 +119,14 @@ def _long_context(section: LongContextResult | None) -> list[str]:
     return [*lines, ""]
 
 
+def _history(spec: dict) -> str:
+    """The linear history's options in words (a spec written before a field reads as it was trained)."""
+    spec = {**PREDATING["attention"], **spec}
+    return (f"{spec['history_norm']}, gate {spec['history_gate']}, key feature maps per "
+            f"{'key/value' if spec['key_map_heads'] == 'kv' else 'query'} head, on q and k "
+            f"{'before' if spec['feature_positions'] == 'none' else 'after'} RoPE")
+
+
 def model_card(run_dir: Path, base: dict, spec: dict, folder_name: str) -> str:
     """The card's Markdown; ``base`` as :func:`core.export.teacher.base_model_metadata`, ``spec``
     the attention spec, ``folder_name`` the export's name in the loading snippet."""
@@ -143,6 +151,7 @@ def model_card(run_dir: Path, base: dict, spec: dict, folder_name: str) -> str:
              f"| attention kind | {spec['kind']} (window {spec['window_size']}, "
              f"{spec.get('sink_tokens', 0)} sink tokens) |",
              f"| feature map | {spec['feature_map']}, feature_dim {spec['feature_dim']}, init {spec['feature_init']} |",
+             f"| history | {_history(spec)} |",
              f"| softmax layers kept | {spec['softmax_layers'] or 'none'} |",
              f"| stage 1 (attention transfer) | {_stage(config.stage1)} |",
              f"| stage 2 (LoRA, merged) | {_stage(config.stage2)}, rank {config.stage2.rank}, "

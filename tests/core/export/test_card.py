@@ -33,6 +33,7 @@ def test_card_describes_the_conversion_and_its_numbers(exported):
     assert f"total {report['timings']['total_s']:.1f} s" in card
     assert 'AutoModelForCausalLM.from_pretrained("export", trust_remote_code=True)' in card
     assert "## Limits" in card and "| attention kind | terraced (window 16, 0 sink tokens) |" in card
+    assert "| history | decay, gate none, key feature maps per query head, on q and k before RoPE |" in card
     for row in report["long_context"]["by_length"]:  # the tiny-test preset evaluates 64 and 256 tokens
         assert f"| {row['length']} | {row['teacher_ppl']:.3f} | {row['student']['ratio']:.3f} | " in card
 
