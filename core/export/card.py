@@ -14,7 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
-from core.config import PREDATING, ConvertConfig, stored_config
+from core.config import ConvertConfig, stored_attention, stored_config
 from core.config.constants import BUNDLED_MODEL, GEMMA3_MODEL, TINY_MODEL
 from core.eval.long_context_result import LongContextResult, passkey_accuracy, read_long_context
 from core.models.sources import resolve_source
@@ -121,10 +121,10 @@ def _long_context(section: LongContextResult | None) -> list[str]:
 
 def _history(spec: dict) -> str:
     """The linear history's options in words (a spec written before a field reads as it was trained)."""
-    spec = {**PREDATING["attention"], **spec}
-    return (f"{spec['history_norm']}, gate {spec['history_gate']}, key feature maps per "
-            f"{'key/value' if spec['key_map_heads'] == 'kv' else 'query'} head, on q and k "
-            f"{'before' if spec['feature_positions'] == 'none' else 'after'} RoPE")
+    spec = stored_attention(spec)
+    return (f"{spec.history_norm}, gate {spec.history_gate}, key feature maps per "
+            f"{'key/value' if spec.key_map_heads == 'kv' else 'query'} head, on q and k "
+            f"{'before' if spec.feature_positions == 'none' else 'after'} RoPE")
 
 
 def model_card(run_dir: Path, base: dict, spec: dict, folder_name: str) -> str:
